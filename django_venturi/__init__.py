@@ -1,0 +1,49 @@
+"""django-venturi: a durable job queue for Django, kept in your own database.
+
+Import as `import django_venturi as venturi`. Nothing here touches the database
+or settings at import time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django_venturi.backoff import Fibonacci
+from django_venturi.codec import PayloadError
+from django_venturi.context import Context
+from django_venturi.outcomes import Outcome, TaskError
+from django_venturi.registry import RegistrationError, UnknownKind
+from django_venturi.states import JournalOutcome, Priority, State
+from django_venturi.tasks import Task, task
+
+if TYPE_CHECKING:
+    from django_venturi.models import Job
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Context",
+    "Fibonacci",
+    "JournalOutcome",
+    "Outcome",
+    "PayloadError",
+    "Priority",
+    "RegistrationError",
+    "State",
+    "Task",
+    "TaskError",
+    "UnknownKind",
+    "__version__",
+    "enqueue_many",
+    "task",
+]
+
+
+def enqueue_many(instances: Any, **options: Any) -> list[Job]:
+    """Enqueue many task instances in the current transaction, one INSERT per batch.
+
+    Options as for `enqueue`: `delay`, `run_at`, `priority`, `queue`, `using`.
+    """
+    from django_venturi.enqueue import enqueue_many as _enqueue_many
+
+    return _enqueue_many(instances, **options)

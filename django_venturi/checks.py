@@ -1,0 +1,100 @@
+"""System checks for `settings.VENTURI` (run by `manage.py check` and at worker start)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, register
+
+from django_venturi.conf import DEFAULTS
+
+HINT = "See 'Settings' in the django-venturi guide."
+
+
+def _error(key: str, message: str, id: str) -> Error:  # noqa: A002
+    return Error(f"VENTURI[{key!r}] {message}", hint=HINT, obj="settings.VENTURI", id=id)
+
+
+def _is_duration(value: Any) -> bool:
+    if isinstance(value, timedelta):
+        return value > timedelta(0)
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+DURATIONS = (
+    "DEFAULT_LEASE",
+    "HEARTBEAT_INTERVAL",
+    "RESCUE_INTERVAL",
+    "POLL_INTERVAL",
+    "SHUTDOWN_TIMEOUT",
+)
+POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE")
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate every key of `settings.VENTURI`, naming the bad one."""
+    user = getattr(settings, "VENTURI", {})
+    if not isinstance(user, dict):
+        return [Error("VENTURI must be a dict", hint=HINT, obj="settings.VENTURI", id="venturi.E001")]
+    errors: list[CheckMessage] = []
+    for key in sorted(set(user) - set(DEFAULTS)):
+        errors.append(_error(key, f"is not a setting (known: {', '.join(sorted(DEFAULTS))})", "venturi.E002"))
+    checks: list[tuple[str, Callable[[Any], bool], str, str]] = [
+        *((key, _is_duration, "must be a positive timedelta or number of seconds", "venturi.E003") for key in DURATIONS),
+        *((key, _is_positive_int, "must be a positive int", "venturi.E004") for key in POSITIVE_INTS),
+        ("DATABASE", lambda v: v in settings.DATABASES, "must name an alias in DATABASES", "venturi.E005"),
+        ("LISTEN_DATABASE", lambda v: v is None or v in settings.DATABASES, "must be None or an alias in DATABASES", "venturi.E006"),
+        ("DEFAULT_MAX_ATTEMPTS", lambda v: v is None or _is_positive_int(v), "must be a positive int or None", "venturi.E007"),
+        ("TASK_MODULES", lambda v: isinstance(v, list | tuple) and all(isinstance(m, str) for m in v), "must be a list of module paths", "venturi.E008"),
+        ("PRIORITY_WEIGHTS", _valid_weights, "must be three positive ints (HIGH, NORMAL, LOW)", "venturi.E009"),
+        ("DEFAULT_QUEUE", _valid_queue, "must be a queue name (letters, digits, _ . : -)", "venturi.E010"),
+        ("NOTIFY_CHANNEL", lambda v: isinstance(v, str) and v.isidentifier() and len(v) < 64, "must be an identifier shorter than 64 characters", "venturi.E011"),
+    ]
+    for key, valid, message, check_id in checks:
+        if key in user and not valid(user[key]):
+            errors.append(_error(key, f"{message}, got {user[key]!r}", check_id))
+    errors.extend(_check_lease_margin(user))
+    return errors
+
+
+def _valid_weights(value: Any) -> bool:
+    return isinstance(value, list | tuple) and len(value) == 3 and all(_is_positive_int(v) for v in value)
+
+
+def _valid_queue(value: Any) -> bool:
+    from django_venturi.registry import MAX_QUEUE_LENGTH, validate_name
+
+    try:
+        validate_name(value, field="queue", max_length=MAX_QUEUE_LENGTH)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_lease_margin(user: dict[str, Any]) -> list[CheckMessage]:
+    from django_venturi.conf import as_timedelta
+
+    try:
+        lease = as_timedelta(user.get("DEFAULT_LEASE", DEFAULTS["DEFAULT_LEASE"]))
+        heartbeat = as_timedelta(user.get("HEARTBEAT_INTERVAL", DEFAULTS["HEARTBEAT_INTERVAL"]))
+    except (TypeError, ValueError):
+        return []  # reported above
+    if heartbeat * 3 > lease:
+        return [
+            _error(
+                "HEARTBEAT_INTERVAL",
+                f"({heartbeat}) must be at most a third of DEFAULT_LEASE ({lease}), "
+                "so that a lease survives two missed heartbeats",
+                "venturi.E012",
+            )
+        ]
+    return []

@@ -1,0 +1,328 @@
+"""Typed JSON payloads: dataclass <-> JSON, checked against the type hints.
+
+Payloads are plain JSON (never pickle). Encoding checks every value against its
+declared type, so a payload that does not fit is refused at enqueue time with
+the path of the offending field; decoding checks again, so a row that no longer
+fits its class (the class changed since enqueue) is a clear, permanent failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import functools
+import types
+import typing
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+JSON = dict[str, Any] | list[Any] | str | int | float | bool | None
+
+
+class PayloadError(ValueError):
+    """A payload value does not fit its declared type; `path` names the field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+def encode(instance: object) -> dict[str, Any]:
+    """Turn a dataclass instance into a JSON object, checking every field."""
+    cls = type(instance)
+    return _encode_dataclass(instance, cls, cls.__name__)
+
+
+def decode(cls: type[T], data: Any) -> T:
+    """Rebuild a dataclass instance of `cls` from its JSON form, checking every field."""
+    return typing.cast(T, _decode(cls, data, cls.__name__))
+
+
+def encode_value(value: Any, hint: Any, path: str) -> Any:
+    """Encode one value of type `hint` (used for carries and nested fields)."""
+    return _encode(value, hint, path)
+
+
+def decode_value(hint: Any, data: Any, path: str) -> Any:
+    """Decode one value of type `hint` (used for carries and nested fields)."""
+    return _decode(hint, data, path)
+
+
+@functools.cache
+def _field_hints(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, resolved type, has default) for each init field of a dataclass."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (
+            field.name,
+            hints[field.name],
+            field.default is not dataclasses.MISSING
+            or field.default_factory is not dataclasses.MISSING,
+        )
+        for field in dataclasses.fields(cls)
+        if field.init
+    )
+
+
+def _describe(value: Any) -> str:
+    return type(value).__name__
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint)
+
+
+def _encode_dataclass(value: Any, cls: type, path: str) -> dict[str, Any]:
+    if not isinstance(value, cls):
+        raise PayloadError(path, f"expected {cls.__name__}, got {_describe(value)}")
+    return {
+        name: _encode(getattr(value, name), hint, f"{path}.{name}")
+        for name, hint, _ in _field_hints(cls)
+    }
+
+
+def _encode(value: Any, hint: Any, path: str) -> Any:  # noqa: C901 - one branch per type
+    if hint is Any or hint is object:
+        return _encode_any(value, path)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _encode_union(value, typing.get_args(hint), path)
+    if hint is None or hint is type(None):
+        if value is not None:
+            raise PayloadError(path, f"expected None, got {_describe(value)}")
+        return None
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise PayloadError(path, f"expected one of {typing.get_args(hint)!r}, got {value!r}")
+        return value
+    if origin in (list, tuple, dict) or hint in (list, tuple, dict):
+        return _encode_container(value, hint, path)
+    if isinstance(hint, type):
+        if dataclasses.is_dataclass(hint):
+            return _encode_dataclass(value, hint, path)
+        if issubclass(hint, enum.Enum):
+            if not isinstance(value, hint):
+                raise PayloadError(path, f"expected {hint.__name__}, got {_describe(value)}")
+            return _encode_any(value.value, path)
+        encoder = _SCALAR_ENCODERS.get(hint)
+        if encoder is not None:
+            return encoder(value, path)
+    raise PayloadError(path, f"type {_type_name(hint)} is not supported in payloads")
+
+
+def _encode_union(value: Any, options: tuple[Any, ...], path: str) -> Any:
+    if value is None and type(None) in options:
+        return None
+    concrete = [option for option in options if option is not type(None)]
+    if len(concrete) == 1:
+        return _encode(value, concrete[0], path)
+    # A union of several concrete types is stored with a tag so decoding is exact.
+    for index, option in enumerate(concrete):
+        try:
+            return {"__union__": index, "value": _encode(value, option, path)}
+        except PayloadError:
+            continue
+    names = " | ".join(_type_name(option) for option in options)
+    raise PayloadError(path, f"expected {names}, got {_describe(value)}")
+
+
+def _encode_container(value: Any, hint: Any, path: str) -> Any:
+    origin = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise PayloadError(path, f"expected dict, got {_describe(value)}")
+        key_hint, value_hint = args or (str, Any)
+        if key_hint is not str:
+            raise PayloadError(path, "dict keys must be str in payloads")
+        for key in value:
+            if not isinstance(key, str):
+                raise PayloadError(f"{path}[{key!r}]", "dict keys must be str")
+        return {key: _encode(item, value_hint, f"{path}[{key!r}]") for key, item in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise PayloadError(path, f"expected list, got {_describe(value)}")
+        (item_hint,) = args or (Any,)
+        return [_encode(item, item_hint, f"{path}[{i}]") for i, item in enumerate(value)]
+    if not isinstance(value, tuple):
+        raise PayloadError(path, f"expected tuple, got {_describe(value)}")
+    return [_encode(item, hint, f"{path}[{i}]") for i, (item, hint) in _tuple_items(value, args, path)]
+
+
+def _tuple_items(value: Any, args: tuple[Any, ...], path: str) -> list[tuple[int, tuple[Any, Any]]]:
+    if not args or (len(args) == 2 and args[1] is Ellipsis):
+        item_hint = args[0] if args else Any
+        return list(enumerate((item, item_hint) for item in value))
+    if len(value) != len(args):
+        raise PayloadError(path, f"expected {len(args)} items, got {len(value)}")
+    return list(enumerate(zip(value, args, strict=True)))
+
+
+def _encode_any(value: Any, path: str) -> Any:
+    """Untyped values (Any, bare list/dict items) must already be plain JSON."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return _encode_float(value, path)
+    if isinstance(value, list | tuple):
+        return [_encode_any(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise PayloadError(f"{path}[{key!r}]", "dict keys must be str")
+        return {key: _encode_any(item, f"{path}[{key!r}]") for key, item in value.items()}
+    raise PayloadError(path, f"{_describe(value)} is not JSON; give the field a precise type")
+
+
+def _encode_float(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PayloadError(path, f"expected float, got {_describe(value)}")
+    result = float(value)
+    if result != result or result in (float("inf"), float("-inf")):
+        raise PayloadError(path, "NaN and infinity are not valid JSON")
+    return result
+
+
+def _checked(kind: type, convert: Callable[[Any], Any]) -> Callable[[Any, str], Any]:
+    def encode_scalar(value: Any, path: str) -> Any:
+        # bool is an int subclass, and datetime a date subclass: neither may pass for the other.
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise PayloadError(path, f"expected {kind.__name__}, got {_describe(value)}")
+        if kind is dt.date and isinstance(value, dt.datetime):
+            raise PayloadError(path, "expected date, got datetime")
+        return convert(value)
+
+    return encode_scalar
+
+
+def _timedelta_to_json(value: dt.timedelta) -> int:
+    return (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+
+
+_SCALAR_ENCODERS: dict[type, Callable[[Any, str], Any]] = {
+    str: _checked(str, str),
+    int: _checked(int, int),
+    bool: _checked(bool, bool),
+    float: _encode_float,
+    dt.datetime: _checked(dt.datetime, dt.datetime.isoformat),
+    dt.date: _checked(dt.date, dt.date.isoformat),
+    dt.time: _checked(dt.time, dt.time.isoformat),
+    dt.timedelta: _checked(dt.timedelta, _timedelta_to_json),
+    decimal.Decimal: _checked(decimal.Decimal, str),
+    uuid.UUID: _checked(uuid.UUID, str),
+}
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _decode(hint: Any, data: Any, path: str) -> Any:  # noqa: C901 - one branch per type
+    if hint is Any or hint is object:
+        return data
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _decode_union(typing.get_args(hint), data, path)
+    if hint is None or hint is type(None):
+        if data is not None:
+            raise PayloadError(path, f"expected null, got {_describe(data)}")
+        return None
+    if origin is typing.Literal:
+        if data not in typing.get_args(hint):
+            raise PayloadError(path, f"expected one of {typing.get_args(hint)!r}, got {data!r}")
+        return data
+    if origin in (list, tuple, dict) or hint in (list, tuple, dict):
+        return _decode_container(hint, data, path)
+    if isinstance(hint, type):
+        if dataclasses.is_dataclass(hint):
+            return _decode_dataclass(hint, data, path)
+        if issubclass(hint, enum.Enum):
+            try:
+                return hint(data)
+            except ValueError:
+                raise PayloadError(path, f"{data!r} is not a {hint.__name__}") from None
+        decoder = _SCALAR_DECODERS.get(hint)
+        if decoder is not None:
+            return decoder(data, path)
+    raise PayloadError(path, f"type {_type_name(hint)} is not supported in payloads")
+
+
+def _decode_dataclass(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise PayloadError(path, f"expected an object, got {_describe(data)}")
+    fields = _field_hints(cls)
+    known = {name for name, _, _ in fields}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise PayloadError(f"{path}.{unknown[0]}", f"unknown field (fields: {sorted(known)})")
+    values = {}
+    for name, hint, has_default in fields:
+        if name in data:
+            values[name] = _decode(hint, data[name], f"{path}.{name}")
+        elif not has_default:
+            raise PayloadError(f"{path}.{name}", "missing")
+    return cls(**values)
+
+
+def _decode_union(options: tuple[Any, ...], data: Any, path: str) -> Any:
+    if data is None and type(None) in options:
+        return None
+    concrete = [option for option in options if option is not type(None)]
+    if len(concrete) == 1:
+        return _decode(concrete[0], data, path)
+    if not isinstance(data, dict) or set(data) != {"__union__", "value"}:
+        raise PayloadError(path, "expected a tagged union value")
+    index = data["__union__"]
+    if not isinstance(index, int) or not 0 <= index < len(concrete):
+        raise PayloadError(path, f"union tag {index!r} is out of range")
+    return _decode(concrete[index], data["value"], path)
+
+
+def _decode_container(hint: Any, data: Any, path: str) -> Any:
+    origin = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise PayloadError(path, f"expected an object, got {_describe(data)}")
+        value_hint = args[1] if args else Any
+        return {key: _decode(value_hint, item, f"{path}[{key!r}]") for key, item in data.items()}
+    if not isinstance(data, list):
+        raise PayloadError(path, f"expected an array, got {_describe(data)}")
+    if origin is list:
+        item_hint = args[0] if args else Any
+        return [_decode(item_hint, item, f"{path}[{i}]") for i, item in enumerate(data)]
+    return tuple(_decode(hint, item, f"{path}[{i}]") for i, (item, hint) in _tuple_items(data, args, path))
+
+
+def _parsed(kind: type, parse: Callable[[Any], Any], *, json_type: type | tuple[type, ...] = str) -> Callable[[Any, str], Any]:
+    def decode_scalar(data: Any, path: str) -> Any:
+        if not isinstance(data, json_type) or isinstance(data, bool) and kind is not bool:
+            raise PayloadError(path, f"expected {kind.__name__}, got {_describe(data)}")
+        try:
+            return parse(data)
+        except (ValueError, ArithmeticError):
+            raise PayloadError(path, f"{data!r} is not a valid {kind.__name__}") from None
+
+    return decode_scalar
+
+
+def _timedelta_from_json(data: int) -> dt.timedelta:
+    return dt.timedelta(microseconds=data)
+
+
+_SCALAR_DECODERS: dict[type, Callable[[Any, str], Any]] = {
+    str: _parsed(str, str),
+    int: _parsed(int, int, json_type=int),
+    bool: _parsed(bool, bool, json_type=bool),
+    float: _parsed(float, float, json_type=(int, float)),
+    dt.datetime: _parsed(dt.datetime, dt.datetime.fromisoformat),
+    dt.date: _parsed(dt.date, dt.date.fromisoformat),
+    dt.time: _parsed(dt.time, dt.time.fromisoformat),
+    dt.timedelta: _parsed(dt.timedelta, _timedelta_from_json, json_type=int),
+    decimal.Decimal: _parsed(decimal.Decimal, decimal.Decimal),
+    uuid.UUID: _parsed(uuid.UUID, uuid.UUID),
+}

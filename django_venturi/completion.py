@@ -1,0 +1,153 @@
+"""Writing verdicts: each job's next state and its journal entry, fenced by claim token.
+
+Every write is conditional on the job still being `running` under the claim
+token this worker got. A worker that lost its lease (another worker recovered
+the job) therefore cannot change the job: its verdict is recorded in the
+journal as `discarded` and nothing else happens.
+
+Many verdicts are written in one transaction (group commit); on PostgreSQL in
+one statement.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from django.db import connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from django_venturi.models import Job, JournalEntry
+from django_venturi.states import FINISHED_STATES, JournalOutcome, State
+from django_venturi.verdicts import Verdict
+
+
+def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
+    """Apply the verdicts; return the ids of the jobs whose verdict was applied."""
+    if not verdicts:
+        return set()
+    if connections[alias].vendor == "postgresql":
+        return _write_postgresql(alias, worker, verdicts)
+    return _write_orm(alias, worker, verdicts)
+
+
+_FINISH_SQL = """
+WITH verdict AS (
+    SELECT * FROM unnest(
+        %(ids)s::bigint[], %(tokens)s::uuid[], %(attempts)s::integer[], %(started)s::timestamptz[],
+        %(states)s::text[], %(outcomes)s::text[], %(delays)s::interval[],
+        %(set_carry)s::boolean[], %(carries)s::text[], %(failed)s::integer[],
+        %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[],
+        %(workers)s::text[]
+    ) AS v(id, token, attempt, started_at, state, outcome, delay, set_carry, carry, failed,
+           error_type, error_message, traceback, worker)
+),
+-- The fence: only a job still running under this claim token changes.
+applied AS (
+    UPDATE {job} AS job
+    SET state = verdict.state,
+        run_at = CASE WHEN verdict.state = 'ready' THEN now() + verdict.delay ELSE job.run_at END,
+        finished_at = CASE WHEN verdict.state = ANY(%(finished)s::text[]) THEN now() END,
+        carry = CASE WHEN verdict.set_carry THEN verdict.carry::jsonb ELSE job.carry END,
+        failures = job.failures + verdict.failed,
+        last_error = CASE WHEN verdict.error_type = '' THEN job.last_error
+                          ELSE verdict.error_type || ': ' || verdict.error_message END,
+        claim_token = NULL,
+        lease_expires_at = NULL
+    FROM verdict
+    WHERE job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
+    RETURNING job.id
+)
+INSERT INTO {journal}
+    (job_id, attempt, worker, started_at, finished_at, outcome, error_type, error_message,
+     traceback)
+SELECT verdict.id, verdict.attempt, verdict.worker, verdict.started_at, now(),
+       CASE WHEN applied.id IS NULL THEN %(discarded)s ELSE verdict.outcome END,
+       verdict.error_type, verdict.error_message, verdict.traceback
+FROM verdict LEFT JOIN applied ON applied.id = verdict.id
+-- Rows of jobs deleted meanwhile (cleanup) have nothing to attach to.
+WHERE EXISTS (SELECT 1 FROM {job} AS still WHERE still.id = verdict.id)
+RETURNING job_id, outcome
+"""
+
+
+def _write_postgresql(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
+    connection = connections[alias]
+    sql = _FINISH_SQL.format(
+        job=connection.ops.quote_name(Job._meta.db_table),
+        journal=connection.ops.quote_name(JournalEntry._meta.db_table),
+    )
+    params = {
+        "ids": [v.job.id for v in verdicts],
+        "tokens": [v.job.claim_token for v in verdicts],
+        "attempts": [v.job.attempt for v in verdicts],
+        "started": [v.job.started_at for v in verdicts],
+        "states": [v.state.value for v in verdicts],
+        "outcomes": [v.outcome.value for v in verdicts],
+        "delays": [v.delay for v in verdicts],
+        "set_carry": [v.set_carry for v in verdicts],
+        "carries": [json.dumps(v.carry) if v.set_carry else None for v in verdicts],
+        "failed": [int(v.failed_run) for v in verdicts],
+        "error_types": [v.error.type for v in verdicts],
+        "error_messages": [v.error.message for v in verdicts],
+        "tracebacks": [v.error.traceback for v in verdicts],
+        "finished": [state.value for state in FINISHED_STATES],
+        "workers": [v.worker or worker for v in verdicts],
+        "discarded": JournalOutcome.DISCARDED.value,
+    }
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
+
+
+def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
+    applied: set[int] = set()
+    with transaction.atomic(using=alias):
+        now = timezone.now()
+        entries = []
+        existing = set(
+            Job.objects.using(alias)
+            .filter(id__in=[v.job.id for v in verdicts])
+            .values_list("id", flat=True)
+        )
+        for verdict in verdicts:
+            if verdict.job.id not in existing:
+                continue
+            changes: dict[str, object] = {
+                "state": verdict.state,
+                "failures": F("failures") + int(verdict.failed_run),
+                "claim_token": None,
+                "lease_expires_at": None,
+            }
+            if verdict.state == State.READY:
+                changes["run_at"] = now + verdict.delay
+            if verdict.state in FINISHED_STATES:
+                changes["finished_at"] = now
+            if verdict.set_carry:
+                changes["carry"] = verdict.carry
+            if verdict.error.type:
+                changes["last_error"] = f"{verdict.error.type}: {verdict.error.message}"
+            updated = (
+                Job.objects.using(alias)
+                .filter(id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING)
+                .update(**changes)
+            )
+            if updated:
+                applied.add(verdict.job.id)
+            entries.append(
+                JournalEntry(
+                    job_id=verdict.job.id,
+                    attempt=verdict.job.attempt,
+                    worker=verdict.worker or worker,
+                    started_at=verdict.job.started_at,
+                    finished_at=now,
+                    outcome=verdict.outcome if updated else JournalOutcome.DISCARDED,
+                    error_type=verdict.error.type,
+                    error_message=verdict.error.message,
+                    traceback=verdict.error.traceback,
+                )
+            )
+        JournalEntry.objects.using(alias).bulk_create(entries)
+    return applied

@@ -1,0 +1,211 @@
+"""Writing jobs: one or many rows inside the caller's transaction.
+
+On PostgreSQL one statement inserts the rows and sends one NOTIFY per queue
+(delivered by PostgreSQL at commit, so a rolled-back enqueue wakes nobody). The
+payloads go in as arrays (`unnest`), so a batch is one round trip. Other
+databases use the ORM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from django_venturi.conf import venturi_settings
+from django_venturi.models import Job
+from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, validate_name
+from django_venturi.states import Priority, State
+from django_venturi.tasks import spec_of
+
+INSERT_BATCH_SIZE = 5000
+"""Rows per INSERT statement in `enqueue_many` (all in the caller's transaction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated, encoded job about to be inserted."""
+
+    kind: str
+    queue: str
+    priority: int
+    payload: dict[str, Any]
+    run_at: datetime | None
+    delay: timedelta | None
+
+
+def job_database(using: str | None) -> str:
+    """The alias jobs are written to: `using`, else `VENTURI["DATABASE"]`."""
+    return using or venturi_settings.DATABASE
+
+
+def check_and_encode(instance: object) -> dict[str, Any]:
+    """Encode a task instance's payload; raise `PayloadError` naming a bad field."""
+    return spec_of(instance).encode(instance)
+
+
+def enqueue_one(
+    instance: object,
+    *,
+    delay: timedelta | None = None,
+    run_at: datetime | None = None,
+    priority: Priority | None = None,
+    queue: str | None = None,
+    using: str | None = None,
+) -> Job:
+    """Insert one job; see `Task.enqueue`."""
+    (job,) = enqueue_many(
+        [instance], delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+    )
+    return job
+
+
+def enqueue_many(
+    instances: Iterable[object],
+    *,
+    delay: timedelta | None = None,
+    run_at: datetime | None = None,
+    priority: Priority | None = None,
+    queue: str | None = None,
+    using: str | None = None,
+) -> list[Job]:
+    """Insert many jobs (of any kinds) in the caller's transaction, one INSERT per batch.
+
+    Every payload is checked before anything is written: one bad payload raises
+    and writes nothing. Returns the rows in the order given.
+    """
+    new_jobs = [
+        _prepare(instance, delay=delay, run_at=run_at, priority=priority, queue=queue)
+        for instance in instances
+    ]
+    alias = job_database(using)
+    jobs: list[Job] = []
+    for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
+        jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
+    return jobs
+
+
+def _prepare(
+    instance: object,
+    *,
+    delay: timedelta | None,
+    run_at: datetime | None,
+    priority: Priority | None,
+    queue: str | None,
+) -> NewJob:
+    spec: TaskSpec = spec_of(instance)
+    if delay is not None and run_at is not None:
+        raise ValueError("give delay or run_at, not both")
+    if delay is not None and not isinstance(delay, timedelta):
+        raise TypeError(f"delay must be a timedelta, got {type(delay).__name__}")
+    if run_at is not None and not isinstance(run_at, datetime):
+        raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
+    if run_at is not None and timezone.is_naive(run_at):
+        raise ValueError("run_at must be timezone-aware (use django.utils.timezone)")
+    chosen_queue = queue or spec.queue or venturi_settings.DEFAULT_QUEUE
+    validate_name(chosen_queue, field="queue", max_length=MAX_QUEUE_LENGTH)
+    chosen_priority = spec.priority if priority is None else priority
+    if chosen_priority not in Priority.values:
+        raise ValueError(f"priority must be a venturi.Priority, got {chosen_priority!r}")
+    return NewJob(
+        kind=spec.kind,
+        queue=chosen_queue,
+        priority=int(chosen_priority),
+        payload=spec.encode(instance),
+        run_at=run_at,
+        delay=delay,
+    )
+
+
+def _insert(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
+    if not new_jobs:
+        return []
+    if connections[alias].vendor == "postgresql":
+        return _insert_postgresql(alias, new_jobs)
+    return _insert_orm(alias, new_jobs)
+
+
+def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
+    connection = connections[alias]
+    table = connection.ops.quote_name(Job._meta.db_table)
+    # Rows come in as parallel arrays: one statement, one round trip, any batch size.
+    # `ord` keeps the RETURNING order equal to the input order.
+    # The NOTIFY payload is the queue name only, never job arguments; PostgreSQL
+    # folds identical notifications of one transaction into one.
+    sql = f"""
+        WITH rows AS (
+            SELECT * FROM unnest(
+                %s::text[], %s::text[], %s::smallint[], %s::text[],
+                %s::timestamptz[], %s::interval[]
+            ) WITH ORDINALITY AS r(kind, queue, priority, payload, run_at, delay, ord)
+        ),
+        inserted AS (
+            INSERT INTO {table}
+                (kind, queue, priority, state, payload, attempt, failures,
+                 run_at, enqueued_at, claimed_by, last_error)
+            SELECT kind, queue, priority, %s, payload::jsonb, 0, 0,
+                   coalesce(run_at, now() + coalesce(delay, interval '0')), now(), '', ''
+            FROM rows ORDER BY ord
+            RETURNING id, queue, run_at, enqueued_at
+        ),
+        notified AS (
+            SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
+        )
+        SELECT id, run_at, enqueued_at, (SELECT count(*) FROM notified) FROM inserted
+        ORDER BY id
+    """  # noqa: S608 - identifiers are quoted, values are parameters
+    params = [
+        [job.kind for job in new_jobs],
+        [job.queue for job in new_jobs],
+        [job.priority for job in new_jobs],
+        [json.dumps(job.payload) for job in new_jobs],
+        [job.run_at for job in new_jobs],
+        [job.delay for job in new_jobs],
+        State.READY.value,
+        venturi_settings.NOTIFY_CHANNEL,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [
+        _loaded(alias, job, id=row[0], run_at=row[1], enqueued_at=row[2])
+        for job, row in zip(new_jobs, rows, strict=True)
+    ]
+
+
+def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
+    # Without database-side now() in bulk inserts, SQLite uses this host's clock,
+    # which is the database's clock too: SQLite is single-host by nature.
+    now = timezone.now()
+    objects = [
+        Job(
+            kind=job.kind,
+            queue=job.queue,
+            priority=job.priority,
+            state=State.READY,
+            payload=job.payload,
+            run_at=job.run_at or now + (job.delay or timedelta(0)),
+            enqueued_at=now,
+        )
+        for job in new_jobs
+    ]
+    return Job.objects.using(alias).bulk_create(objects)
+
+
+def _loaded(alias: str, new_job: NewJob, **values: Any) -> Job:
+    job = Job(
+        kind=new_job.kind,
+        queue=new_job.queue,
+        priority=new_job.priority,
+        state=State.READY,
+        payload=new_job.payload,
+        **values,
+    )
+    job._state.adding = False
+    job._state.db = alias
+    return job

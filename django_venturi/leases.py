@@ -1,0 +1,105 @@
+"""Leases: extending the ones a worker holds, and recovering the ones that ran out.
+
+A claim lives until `lease_expires_at`. A live worker extends all the leases it
+holds, one statement per claim batch, every heartbeat interval. A worker that
+vanished stops extending; once its leases run out any live worker recovers the
+jobs: the lost run is journalled as `lease_expired`, counts as a failed attempt,
+and the job goes back to `ready` with backoff (or `failed` if it gives up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_venturi import verdicts
+from django_venturi.claim import ClaimedJob
+from django_venturi.completion import write_verdicts
+from django_venturi.models import Job
+from django_venturi.registry import UnknownKind, registry
+from django_venturi.states import JournalOutcome, State
+from django_venturi.verdicts import ErrorInfo
+
+RECOVERY_BATCH_SIZE = 100
+
+
+def database_now(alias: str) -> Any:
+    """`now()` of the database where it has one that Django can compare with.
+
+    SQLite stores datetimes as text in Django's format, so it is compared with
+    this host's clock, which is SQLite's own clock: SQLite is single-host.
+    """
+    return Now() if connections[alias].vendor == "postgresql" else timezone.now()
+
+
+def extend(alias: str, jobs: Iterable[ClaimedJob]) -> set[int]:
+    """Extend the leases of `jobs`; return the ids whose lease this worker still holds."""
+    groups: dict[tuple[uuid.UUID, timedelta], list[int]] = defaultdict(list)
+    for job in jobs:
+        groups[(job.claim_token, job.lease)].append(job.id)
+    held: set[int] = set()
+    for (token, lease), ids in groups.items():
+        fenced = Job.objects.using(alias).filter(
+            id__in=ids, claim_token=token, state=State.RUNNING
+        )
+        updated = fenced.update(lease_expires_at=database_now(alias) + lease)
+        if updated == len(ids):
+            held.update(ids)
+        else:
+            held.update(fenced.values_list("id", flat=True))
+    return held
+
+
+def recover_expired(alias: str, worker: str) -> list[int]:
+    """Recover jobs whose lease ran out; return their ids.
+
+    The expired rows are locked with SKIP LOCKED and each write is fenced by the
+    token read under that lock, so however many workers recover at once, each
+    expired claim is recovered exactly once.
+    """
+    with transaction.atomic(using=alias):
+        expired = list(
+            Job.objects.using(alias)
+            .select_for_update(skip_locked=True)
+            .filter(state=State.RUNNING, lease_expires_at__lt=database_now(alias))
+            .order_by("lease_expires_at")[:RECOVERY_BATCH_SIZE]
+        )
+        lost = [_lost_run(job) for job in expired]
+        write_verdicts(alias, worker, lost)
+    return [verdict.job.id for verdict in lost]
+
+
+def _lost_run(job: Job) -> verdicts.Verdict:
+    try:
+        spec = registry.get(job.kind)
+    except UnknownKind:
+        spec = None  # recover it all the same, with the default give-up policy
+    claimed = ClaimedJob(
+        id=job.id,
+        kind=job.kind,
+        queue=job.queue,
+        priority=job.priority,
+        payload=job.payload,
+        carry=job.carry,
+        attempt=job.attempt,
+        failures=job.failures,
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at or job.enqueued_at,
+        claim_token=job.claim_token or uuid.UUID(int=0),
+        lease=timedelta(0),
+    )
+    error = ErrorInfo.from_reason(
+        f"the lease of worker {job.claimed_by or '?'} expired at {job.lease_expires_at}; "
+        "the worker stopped or lost the database",
+        type="django_venturi.LeaseExpired",
+    )
+    verdict = verdicts.retry(claimed, spec, error, outcome=JournalOutcome.LEASE_EXPIRED)
+    return dataclasses.replace(verdict, worker=job.claimed_by)

@@ -1,0 +1,104 @@
+"""`manage.py venturi_worker`: parse flags, build a Worker, run it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_venturi.registry import MAX_QUEUE_LENGTH, validate_name
+from django_venturi.worker import Worker
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def queue_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one queue name")
+    try:
+        return [validate_name(name, field="queue", max_length=MAX_QUEUE_LENGTH) for name in names]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class Command(BaseCommand):
+    help = "Run a venturi worker: claim due jobs and run their handlers until stopped."
+    requires_system_checks = "__all__"
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queues", type=queue_list, default=None, help="Comma-separated queues (default: all)."
+        )
+        parser.add_argument(
+            "--concurrency", type=positive_int, default=None, help="Handler slots (default: 10)."
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=seconds,
+            default=None,
+            help="Seconds to let running jobs finish after SIGTERM (default: 30).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=seconds,
+            default=None,
+            help="Seconds between polls when no notification comes (default: 1).",
+        )
+        parser.add_argument(
+            "--batch-size", type=positive_int, default=None, help="Most jobs per claim (100)."
+        )
+        parser.add_argument(
+            "--database", default=None, help="Database alias holding the jobs (VENTURI DATABASE)."
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="Exit 0 once no job is running and none is due."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        worker = Worker(
+            queues=options["queues"],
+            concurrency=options["concurrency"],
+            shutdown_timeout=options["shutdown_timeout"],
+            poll_interval=options["poll_interval"],
+            batch_size=options["batch_size"],
+            database=options["database"],
+            burst=options["burst"],
+        )
+        restore = worker.install_signal_handlers()
+        try:
+            worker.run()
+        finally:
+            restore()
+
+    def _configure_logging(self, verbosity: int) -> None:
+        """Log to stderr unless the project configured the django_venturi logger itself."""
+        logger = logging.getLogger("django_venturi")
+        if logger.handlers or logging.getLogger().handlers:
+            return
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

@@ -1,0 +1,99 @@
+"""The job table and its append-only journal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from django_venturi.states import FINISHED_STATES, JournalOutcome, Priority, State
+
+
+class Job(models.Model):
+    """One row per job: what to run, where it is in its life, and who holds it."""
+
+    kind = models.CharField(max_length=200, help_text="The registered task kind.")
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    payload = models.JSONField(help_text="The task's dataclass fields as typed JSON.")
+    carry = models.JSONField(null=True, blank=True, help_text="The checkpoint of a paused job.")
+    dedup_key = models.CharField(max_length=200, null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0, help_text="Runs started so far.")
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Failed runs so far (counted against max_attempts)."
+    )
+    run_at = models.DateTimeField(db_default=Now(), help_text="Not claimed before this time.")
+    enqueued_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True, help_text="Start of the latest run.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    claim_token = models.UUIDField(null=True, blank=True, help_text="Fences writes to a claim.")
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [
+            # The claim walks this index in order: ready jobs of one queue by
+            # priority tier, then due time, then enqueue order.
+            models.Index(
+                fields=["queue", "priority", "run_at", "id"],
+                name="venturi_job_claim_idx",
+                condition=Q(state=State.READY),
+            ),
+            # The rescuer finds expired leases without looking at other rows.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="venturi_job_lease_idx",
+                condition=Q(state=State.RUNNING),
+            ),
+            models.Index(fields=["kind", "state"], name="venturi_job_kind_state_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(state__in=FINISHED_STATES) | Q(finished_at__isnull=False),
+                name="venturi_job_finished_has_finished_at",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.RUNNING)
+                | Q(claim_token__isnull=False, lease_expires_at__isnull=False),
+                name="venturi_job_running_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=Q(failures__lte=models.F("attempt")),
+                name="venturi_job_failures_within_attempts",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk} ({self.state})"
+
+    def decoded_payload(self) -> Any:
+        """Return the payload as an instance of its task class."""
+        from django_venturi.registry import registry
+
+        return registry.get(self.kind).decode(self.payload)
+
+
+class JournalEntry(models.Model):
+    """One row per execution of a job, written once and never changed."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="journal")
+    attempt = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(db_default=Now())
+    outcome = models.CharField(max_length=16, choices=JournalOutcome.choices)
+    error_type = models.CharField(max_length=300, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name_plural = "journal entries"
+        ordering = ["job_id", "id"]
+        indexes = [models.Index(fields=["finished_at"], name="venturi_journal_finished_idx")]
+
+    def __str__(self) -> str:
+        return f"job #{self.job_id} attempt {self.attempt}: {self.outcome}"

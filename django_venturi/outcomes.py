@@ -1,0 +1,67 @@
+"""What a handler run can end with: completed, paused, retry or failed."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from datetime import timedelta
+from typing import Any
+
+
+class OutcomeKind(enum.StrEnum):
+    """The four results a handler can return (the journal adds worker-side ones)."""
+
+    COMPLETED = "completed"
+    PAUSED = "paused"
+    RETRY = "retry"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one handler run. Build it with the class methods."""
+
+    kind: OutcomeKind
+    """Which of the four outcomes this is."""
+    carry: Any = None
+    """The checkpoint handed to the next run (paused only)."""
+    after: timedelta | None = None
+    """How long to wait before the next run (paused and retry)."""
+    reason: str = ""
+    """Why the job failed (failed only)."""
+
+    @classmethod
+    def completed(cls) -> Outcome:
+        """Finish the job successfully."""
+        return cls(OutcomeKind.COMPLETED)
+
+    @classmethod
+    def paused(cls, carry: Any, after: timedelta | None = None) -> Outcome:
+        """Checkpoint: run again after `after` (default: at once) with `ctx.carry = carry`.
+
+        A pause does not count against `max_attempts`.
+        """
+        return cls(OutcomeKind.PAUSED, carry=carry, after=after)
+
+    @classmethod
+    def retry(cls, after: timedelta | None = None) -> Outcome:
+        """A retryable failure: run again after `after` (default: the task's backoff)."""
+        return cls(OutcomeKind.RETRY, after=after)
+
+    @classmethod
+    def failed(cls, reason: str) -> Outcome:
+        """A permanent failure: the job ends `failed` and is not retried."""
+        return cls(OutcomeKind.FAILED, reason=reason)
+
+
+class TaskError(Exception):
+    """Raise from a handler to fail the job; see `TaskError.permanent`."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.is_permanent = permanent
+
+    @classmethod
+    def permanent(cls, reason: str) -> TaskError:
+        """Build an error that fails the job permanently (no retry)."""
+        return cls(reason, permanent=True)

@@ -1,0 +1,130 @@
+"""Task kinds known to this process, and what each one's decorator said."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from datetime import timedelta
+from typing import Any
+
+from django.apps import apps
+
+from django_venturi import codec
+from django_venturi.backoff import Fibonacci
+from django_venturi.states import Priority
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
+MAX_KIND_LENGTH = 200
+MAX_QUEUE_LENGTH = 100
+
+
+class UnknownKind(LookupError):
+    """No task is registered under this kind in this process."""
+
+
+class RegistrationError(Exception):
+    """A task declaration is invalid, or clashes with another one."""
+
+
+def validate_name(value: object, *, field: str, max_length: int) -> str:
+    """Check a kind or queue name: non-empty, short, letters, digits and `_.:-`."""
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be a str, got {type(value).__name__}")
+    if len(value) > max_length:
+        raise ValueError(f"{field} {value[:40]!r}... is longer than {max_length} characters")
+    if not NAME_PATTERN.match(value):
+        raise ValueError(
+            f"{field} {value!r} may contain only letters, digits and _ . : - "
+            "(and must not start with a punctuation mark)"
+        )
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Everything the `@venturi.task(...)` decorator said about one task class."""
+
+    cls: type
+    kind: str
+    queue: str | None
+    priority: Priority
+    max_attempts: int | None
+    give_up_after: timedelta | None
+    backoff: Fibonacci
+    lease: timedelta | None
+    concurrency: int | None
+    carry: Any
+
+    @property
+    def is_async(self) -> bool:
+        """Whether `handle` is an `async def` (run on the worker's event loop)."""
+        return inspect.iscoroutinefunction(self.cls.handle)
+
+    @property
+    def has_dedup(self) -> bool:
+        return callable(getattr(self.cls, "dedup_key", None))
+
+    @property
+    def origin(self) -> str:
+        return f"{self.cls.__module__}.{self.cls.__qualname__}"
+
+    def encode(self, instance: object) -> dict[str, Any]:
+        return codec.encode(instance)
+
+    def decode(self, data: Any) -> Any:
+        return codec.decode(self.cls, data)
+
+    def encode_carry(self, carry: Any) -> Any:
+        hint = self.carry if self.carry is not None else Any
+        return codec.encode_value(carry, hint, f"{self.cls.__name__}.carry")
+
+    def decode_carry(self, data: Any) -> Any:
+        if data is None:
+            return None
+        hint = self.carry if self.carry is not None else Any
+        return codec.decode_value(hint, data, f"{self.cls.__name__}.carry")
+
+
+class Registry:
+    """Maps kinds to task specs. One per process; filled when task modules import."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, TaskSpec] = {}
+
+    def register(self, spec: TaskSpec) -> None:
+        existing = self._by_kind.get(spec.kind)
+        if existing is not None and existing.origin != spec.origin:
+            raise RegistrationError(
+                f"task kind {spec.kind!r} is declared twice: by {existing.origin} "
+                f"and by {spec.origin}; give one of them another kind="
+            )
+        self._by_kind[spec.kind] = spec
+
+    def get(self, kind: str) -> TaskSpec:
+        try:
+            return self._by_kind[kind]
+        except KeyError:
+            raise UnknownKind(f"no task is registered under kind {kind!r}") from None
+
+    def kinds(self) -> list[str]:
+        return sorted(self._by_kind)
+
+    def specs(self) -> list[TaskSpec]:
+        return [self._by_kind[kind] for kind in self.kinds()]
+
+    def unregister(self, kind: str) -> None:
+        self._by_kind.pop(kind, None)
+
+
+registry = Registry()
+
+
+def default_kind(cls: type) -> str:
+    """`<app_label>.<ClassName>`, or `<top package>.<ClassName>` outside any app."""
+    label = cls.__module__.partition(".")[0]
+    if apps.apps_ready:
+        config = apps.get_containing_app_config(cls.__module__)
+        if config is not None:
+            label = config.label
+    return f"{label}.{cls.__name__}"

@@ -1,0 +1,46 @@
+"""The vocabulary: job states, journal outcomes and priority tiers."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class State(models.TextChoices):
+    """Where a job is in its life (see the lifecycle in docs/guide.md)."""
+
+    READY = "ready", "ready"
+    """Waiting to be claimed; `run_at` may be in the future."""
+    RUNNING = "running", "running"
+    """Claimed by a worker that holds its lease."""
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    """Failed permanently, or gave up after too many failures."""
+    CANCELLED = "cancelled", "cancelled"
+
+
+FINISHED_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED)
+LIVE_STATES = (State.READY, State.RUNNING)
+
+
+class JournalOutcome(models.TextChoices):
+    """How one execution ended, as written in its journal entry."""
+
+    COMPLETED = "completed", "completed"
+    PAUSED = "paused", "paused"
+    RETRY = "retry", "retry"
+    FAILED = "failed", "failed"
+    LEASE_EXPIRED = "lease_expired", "lease expired"
+    """The worker vanished; another worker recovered the job."""
+    RELEASED = "released", "released"
+    """Handed back at shutdown; not counted as a failure."""
+    CANCELLED = "cancelled", "cancelled"
+    DISCARDED = "discarded", "discarded"
+    """A late result from a worker that had lost its claim; not applied."""
+
+
+class Priority(models.IntegerChoices):
+    """Three tiers; lower values are claimed first, with weighted slots for each tier."""
+
+    HIGH = 0, "high"
+    NORMAL = 1, "normal"
+    LOW = 2, "low"

@@ -1,0 +1,205 @@
+"""The `@venturi.task` decorator and the enqueue methods it gives a task class."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from asgiref.sync import sync_to_async
+from django.db import transaction
+
+from django_venturi.backoff import Fibonacci
+from django_venturi.registry import (
+    MAX_KIND_LENGTH,
+    MAX_QUEUE_LENGTH,
+    RegistrationError,
+    TaskSpec,
+    default_kind,
+    registry,
+    validate_name,
+)
+from django_venturi.states import Priority
+
+if TYPE_CHECKING:
+    from django_venturi.models import Job
+
+T = TypeVar("T", bound=type)
+
+
+class Task:
+    """Optional base class: declares the methods `@venturi.task` adds, for type checkers.
+
+    `@venturi.task` works on any dataclass; subclass `Task` as well when you want
+    `SendEmail(...).enqueue()` to type-check.
+    """
+
+    def enqueue(
+        self,
+        *,
+        delay: timedelta | None = None,
+        run_at: datetime | None = None,
+        priority: Priority | None = None,
+        queue: str | None = None,
+        using: str | None = None,
+    ) -> Job:
+        """Write this job in the caller's current transaction and return its row."""
+        from django_venturi.enqueue import enqueue_one
+
+        return enqueue_one(
+            self, delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+        )
+
+    def enqueue_on_commit(
+        self,
+        *,
+        delay: timedelta | None = None,
+        run_at: datetime | None = None,
+        priority: Priority | None = None,
+        queue: str | None = None,
+        using: str | None = None,
+    ) -> None:
+        """Enqueue when the current transaction commits (at once outside a transaction)."""
+        from django_venturi.enqueue import check_and_encode, job_database
+
+        check_and_encode(self)  # refuse a bad payload now, not after the commit
+        transaction.on_commit(
+            lambda: self.enqueue(
+                delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+            ),
+            using=job_database(using),
+        )
+
+    async def aenqueue(
+        self,
+        *,
+        delay: timedelta | None = None,
+        run_at: datetime | None = None,
+        priority: Priority | None = None,
+        queue: str | None = None,
+        using: str | None = None,
+    ) -> Job:
+        """The async form of `enqueue`."""
+        return await sync_to_async(self.enqueue)(
+            delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+        )
+
+
+_ENQUEUE_METHODS = ("enqueue", "enqueue_on_commit", "aenqueue")
+
+
+@overload
+def task(cls: T, /) -> T: ...
+
+
+@overload
+def task(
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    priority: Priority = Priority.NORMAL,
+    max_attempts: int | None = None,
+    give_up_after: timedelta | None = None,
+    backoff: Fibonacci | None = None,
+    lease: timedelta | None = None,
+    concurrency: int | None = None,
+    carry: Any = None,
+) -> Callable[[T], T]: ...
+
+
+def task(
+    cls: T | None = None,
+    /,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    priority: Priority = Priority.NORMAL,
+    max_attempts: int | None = None,
+    give_up_after: timedelta | None = None,
+    backoff: Fibonacci | None = None,
+    lease: timedelta | None = None,
+    concurrency: int | None = None,
+    carry: Any = None,
+) -> T | Callable[[T], T]:
+    """Register a dataclass with a `handle(self, ctx)` method as a task.
+
+    Use it as `@venturi.task` or `@venturi.task(kind=..., queue=..., ...)`, above
+    `@dataclasses.dataclass`. The class gains `enqueue`, `enqueue_on_commit` and
+    `aenqueue`. Errors in the declaration are raised at import time.
+    """
+
+    def register(target: T) -> T:
+        spec = _build_spec(
+            target,
+            kind=kind,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            give_up_after=give_up_after,
+            backoff=backoff,
+            lease=lease,
+            concurrency=concurrency,
+            carry=carry,
+        )
+        for name in _ENQUEUE_METHODS:
+            if not hasattr(target, name):
+                setattr(target, name, getattr(Task, name))
+        target.venturi_spec = spec  # type: ignore[attr-defined]
+        registry.register(spec)
+        return target
+
+    if cls is not None:
+        return register(cls)
+    return register
+
+
+def _build_spec(target: type, **options: Any) -> TaskSpec:
+    name = getattr(target, "__qualname__", repr(target))
+    if not isinstance(target, type) or not dataclasses.is_dataclass(target):
+        raise RegistrationError(
+            f"@venturi.task needs a dataclass: put @dataclasses.dataclass under it on {name}"
+        )
+    if not callable(getattr(target, "handle", None)):
+        raise RegistrationError(f"{name} needs a handle(self, ctx) method")
+    kind = options["kind"] or default_kind(target)
+    try:
+        validate_name(kind, field="kind", max_length=MAX_KIND_LENGTH)
+        if options["queue"] is not None:
+            validate_name(options["queue"], field="queue", max_length=MAX_QUEUE_LENGTH)
+    except ValueError as error:
+        raise RegistrationError(f"{name}: {error}") from None
+    _check_positive(name, "max_attempts", options["max_attempts"])
+    _check_positive(name, "concurrency", options["concurrency"])
+    for field in ("give_up_after", "lease"):
+        value = options[field]
+        if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+            raise RegistrationError(f"{name}: {field} must be a positive timedelta, got {value!r}")
+    if not isinstance(options["priority"], int) or options["priority"] not in Priority.values:
+        raise RegistrationError(f"{name}: priority must be a venturi.Priority")
+    return TaskSpec(
+        cls=target,
+        kind=kind,
+        queue=options["queue"],
+        priority=Priority(options["priority"]),
+        max_attempts=options["max_attempts"],
+        give_up_after=options["give_up_after"],
+        backoff=options["backoff"] or Fibonacci(),
+        lease=options["lease"],
+        concurrency=options["concurrency"],
+        carry=options["carry"],
+    )
+
+
+def _check_positive(name: str, field: str, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise RegistrationError(f"{name}: {field} must be a positive int or None, got {value!r}")
+
+
+def spec_of(instance_or_class: object) -> TaskSpec:
+    """Return the spec of a task instance or class, or explain that it is not a task."""
+    cls = instance_or_class if isinstance(instance_or_class, type) else type(instance_or_class)
+    spec = getattr(cls, "venturi_spec", None)
+    if not isinstance(spec, TaskSpec) or spec.cls is not cls:
+        raise TypeError(f"{cls.__qualname__} is not a task: decorate it with @venturi.task")
+    return spec

@@ -1,0 +1,164 @@
+"""From what a run produced to what is written: the job's next state and its journal entry.
+
+Pure functions, no database: `completion.py` writes what these decide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback as traceback_module
+from datetime import timedelta
+from typing import Any
+
+from django_venturi.backoff import Fibonacci
+from django_venturi.claim import ClaimedJob
+from django_venturi.conf import venturi_settings
+from django_venturi.outcomes import Outcome, OutcomeKind, TaskError
+from django_venturi.registry import TaskSpec
+from django_venturi.states import JournalOutcome, State
+
+ERROR_MESSAGE_LIMIT = 2000
+TRACEBACK_LIMIT = 20_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """An error as the journal stores it."""
+
+    type: str = ""
+    message: str = ""
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> ErrorInfo:
+        kind = type(error)
+        text = "".join(traceback_module.format_exception(error))
+        return cls(
+            type=f"{kind.__module__}.{kind.__qualname__}",
+            message=str(error)[:ERROR_MESSAGE_LIMIT],
+            traceback=text[-TRACEBACK_LIMIT:],
+        )
+
+    @classmethod
+    def from_reason(cls, reason: str, type: str = "") -> ErrorInfo:  # noqa: A002
+        return cls(type=type, message=reason[:ERROR_MESSAGE_LIMIT])
+
+    def summary(self) -> str:
+        name = self.type.rpartition(".")[2]
+        return f"{name}: {self.message}" if name else self.message
+
+
+NO_ERROR = ErrorInfo()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to write for one finished run of a claimed job."""
+
+    job: ClaimedJob
+    outcome: JournalOutcome
+    """The journal entry's outcome."""
+    state: State
+    """The job's next state."""
+    delay: timedelta = timedelta(0)
+    """For a job going back to `ready`: run again this long after now (database time)."""
+    set_carry: bool = False
+    carry: Any = None
+    """The encoded carry to store, when `set_carry`."""
+    failed_run: bool = False
+    """Whether this run counts against `max_attempts`."""
+    error: ErrorInfo = NO_ERROR
+    worker: str | None = None
+    """The worker the journal names, when not the one writing (a recovered run)."""
+
+
+def completed(job: ClaimedJob) -> Verdict:
+    return Verdict(job, JournalOutcome.COMPLETED, State.COMPLETED)
+
+
+def released(job: ClaimedJob) -> Verdict:
+    """Handed back at shutdown: ready at once, not a failure."""
+    return Verdict(job, JournalOutcome.RELEASED, State.READY)
+
+
+def failed(job: ClaimedJob, error: ErrorInfo) -> Verdict:
+    """A permanent failure."""
+    return Verdict(job, JournalOutcome.FAILED, State.FAILED, failed_run=True, error=error)
+
+
+def retry(
+    job: ClaimedJob,
+    spec: TaskSpec | None,
+    error: ErrorInfo,
+    *,
+    after: timedelta | None = None,
+    outcome: JournalOutcome = JournalOutcome.RETRY,
+) -> Verdict:
+    """A retryable failure: back to `ready` after backoff, or `failed` if the task gives up."""
+    failures = job.failures + 1
+    give_up = gives_up(job, spec, failures)
+    if give_up:
+        return Verdict(
+            job,
+            JournalOutcome.FAILED if outcome is JournalOutcome.RETRY else outcome,
+            State.FAILED,
+            failed_run=True,
+            error=dataclasses.replace(error, message=f"{give_up}; last error: {error.message}"),
+        )
+    backoff = spec.backoff if spec is not None else Fibonacci()
+    delay = after if after is not None else backoff.delay(job_id=job.id, failures=failures)
+    return Verdict(job, outcome, State.READY, delay=delay, failed_run=True, error=error)
+
+
+def gives_up(job: ClaimedJob, spec: TaskSpec | None, failures: int) -> str:
+    """Return why the job must stop retrying after `failures` failures, or ''."""
+    max_attempts = spec.max_attempts if spec is not None else None
+    if max_attempts is None:
+        max_attempts = venturi_settings.DEFAULT_MAX_ATTEMPTS
+    if max_attempts is not None and failures >= max_attempts:
+        return f"gave up after {failures} failed attempts (max_attempts={max_attempts})"
+    give_up_after = spec.give_up_after if spec is not None else None
+    if give_up_after is not None and job.started_at - job.enqueued_at >= give_up_after:
+        return f"gave up: first enqueued more than {give_up_after} ago (give_up_after)"
+    return ""
+
+
+def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
+    """Turn a handler's return value into a verdict."""
+    if not isinstance(result, Outcome):
+        handler = f"{spec.cls.__module__}.{spec.cls.__qualname__}.handle"
+        return failed(
+            job,
+            ErrorInfo.from_reason(
+                f"{handler} returned {type(result).__name__}, not a venturi.Outcome "
+                "(return venturi.Outcome.completed() when the work is done)",
+                type="django_venturi.InvalidOutcome",
+            ),
+        )
+    if result.kind is OutcomeKind.COMPLETED:
+        return completed(job)
+    if result.kind is OutcomeKind.PAUSED:
+        try:
+            carry = spec.encode_carry(result.carry)
+        except ValueError as error:
+            return failed(job, ErrorInfo.from_exception(error))
+        return Verdict(
+            job,
+            JournalOutcome.PAUSED,
+            State.READY,
+            delay=result.after or timedelta(0),
+            set_carry=True,
+            carry=carry,
+        )
+    if result.kind is OutcomeKind.RETRY:
+        error = ErrorInfo.from_reason("the handler asked for a retry", type="Outcome.retry")
+        return retry(job, spec, error, after=result.after)
+    return failed(job, ErrorInfo.from_reason(result.reason, type="Outcome.failed"))
+
+
+def from_exception(job: ClaimedJob, spec: TaskSpec, error: Exception) -> Verdict:
+    """Turn an exception raised by a handler into a verdict."""
+    info = ErrorInfo.from_exception(error)
+    if isinstance(error, TaskError) and error.is_permanent:
+        return failed(job, info)
+    return retry(job, spec, info)

@@ -1,0 +1,500 @@
+"""The worker: claims due jobs, runs their handlers, writes what happened.
+
+Threads of one worker process, each with its own database connection:
+
+- the main thread claims jobs into free handler slots and recovers expired leases;
+- handler threads run sync handlers (one job at a time each); one event-loop
+  thread runs `async def` handlers;
+- the completer thread writes verdicts in batches (group commit) and extends
+  the leases of running jobs every heartbeat interval;
+- on PostgreSQL, a listener thread waits on LISTEN and wakes the main thread.
+
+The management command `venturi_worker` only parses flags and builds a `Worker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from django import db
+from django.db import connections
+
+from django_venturi import leases, verdicts
+from django_venturi.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.completion import write_verdicts
+from django_venturi.conf import as_timedelta, venturi_settings
+from django_venturi.execution import Execution
+from django_venturi.listener import Listener
+from django_venturi.registry import registry
+from django_venturi.scheduling import TierClock
+from django_venturi.states import JournalOutcome
+from django_venturi.verdicts import Verdict
+
+logger = logging.getLogger("django_venturi.worker")
+
+DATABASE_ERRORS = (db.OperationalError, db.InterfaceError)
+"""Errors that mean the database went away: wait, reconnect, carry on."""
+RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+COMPLETER_BATCH = 500
+
+
+class Worker:
+    """A worker process's whole life: `run()` until stopped, or until idle with `burst`."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        shutdown_timeout: timedelta | float | None = None,
+        poll_interval: timedelta | float | None = None,
+        burst: bool = False,
+        database: str | None = None,
+        batch_size: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.queues = list(queues) if queues else None
+        self.concurrency = concurrency or venturi_settings.CONCURRENCY
+        self.shutdown_timeout = as_timedelta(
+            venturi_settings.SHUTDOWN_TIMEOUT if shutdown_timeout is None else shutdown_timeout
+        ).total_seconds()
+        self.poll_interval = as_timedelta(
+            venturi_settings.POLL_INTERVAL if poll_interval is None else poll_interval
+        ).total_seconds()
+        self.burst = burst
+        self.database = database or venturi_settings.DATABASE
+        self.batch_size = batch_size or venturi_settings.BATCH_SIZE
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.heartbeat_interval = venturi_settings.HEARTBEAT_INTERVAL.total_seconds()
+        self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
+
+        self._stop = threading.Event()
+        """Set at the first stop request: claim nothing more; handlers see should_stop."""
+        self._force = threading.Event()
+        """Set at the second stop request: skip the wait for running handlers."""
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._queued: dict[int, Execution] = {}
+        """Claimed, waiting for a handler thread."""
+        self._executing: dict[int, Execution] = {}
+        """Handler running."""
+        self._held: dict[int, Execution] = {}
+        """Every job this worker holds the claim of, until its verdict is written."""
+        self._verdicts: queue.SimpleQueue[Verdict | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: Listener | None = None
+        self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
+        self._database_down_since: float | None = None
+        self.processed = 0
+
+    # ------------------------------------------------------------ public
+
+    def run(self) -> None:
+        """Work until `stop()` (or a signal), or with `burst`, until nothing is due."""
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d kinds=%d",
+            self.name,
+            ",".join(self.queues) if self.queues else "*",
+            self.concurrency,
+            len(registry.kinds()),
+            extra={"worker": self.name},
+        )
+        self._start_threads()
+        try:
+            self._claim_loop()
+        finally:
+            self._shut_down()
+
+    def stop(self, *, force: bool = False) -> None:
+        """Ask the worker to stop: finish running jobs, then release what is left.
+
+        Safe to call from any thread or a signal handler. A second call (or
+        `force=True`) skips the wait for running handlers.
+        """
+        if self._stop.is_set() or force:
+            self._force.set()
+        self._stop.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> Callable[[], None]:
+        """Make SIGTERM and SIGINT call `stop()`; return a function restoring the old handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous: dict[int, Any] = {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            logger.info(
+                "worker %s got %s: %s",
+                self.name,
+                signal.Signals(signum).name,
+                "forcing" if self._stop.is_set() else "stopping",
+                extra={"worker": self.name},
+            )
+            self.stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, on_signal)
+
+        def restore() -> None:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+        return restore
+
+    # ------------------------------------------------------------ claiming
+
+    def _claim_loop(self) -> None:
+        next_rescue = 0.0
+        while not self._stop.is_set():
+            self._wake.clear()
+            if time.monotonic() >= next_rescue:
+                self._guarded(lambda: leases.recover_expired(self.database, self.name))
+                next_rescue = time.monotonic() + self.rescue_interval
+            free = self.concurrency - self._busy()
+            claimed = self._guarded(lambda: self._claim(free)) if free > 0 else None
+            if claimed and len(claimed) == min(free, self.batch_size):
+                continue  # more may be due: claim again at once
+            if self.burst and not claimed and self._idle():
+                if self._confirm_nothing_due():
+                    return
+                continue
+            self._wake.wait(self.poll_interval)
+
+    def _claim(self, free: int) -> list[ClaimedJob]:
+        kinds = registry.kinds()
+        request = ClaimRequest(
+            worker=self.name,
+            limit=min(free, self.batch_size),
+            kinds=kinds,
+            leases=[
+                registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in kinds
+            ],
+            queues=self.queues,
+        )
+        jobs = claim(self.database, request, self._clock)
+        for job in jobs:
+            self._dispatch(job)
+        return jobs
+
+    def _dispatch(self, job: ClaimedJob) -> None:
+        execution = Execution(
+            job, database=self.database, stop=self._stop, heartbeat=self._heartbeat_one
+        )
+        with self._lock:
+            self._queued[job.id] = execution
+            self._held[job.id] = execution
+        spec = registry.get(job.kind)
+        if spec.is_async:
+            loop = self._event_loop()
+            asyncio.run_coroutine_threadsafe(self._run_async(execution), loop)
+        else:
+            self._work.put(execution)
+
+    def _busy(self) -> int:
+        with self._lock:
+            return len(self._queued) + len(self._executing)
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return not self._held
+
+    def _confirm_nothing_due(self) -> bool:
+        """In burst mode: after the last verdicts are written, is anything due?"""
+        free = self.concurrency - self._busy()
+        claimed = self._guarded(lambda: self._claim(free))
+        return claimed is not None and not claimed and self._idle()
+
+    # ------------------------------------------------------------ running
+
+    def _start(self, execution: Execution) -> bool:
+        """Move a queued execution to executing; False if it was released meanwhile."""
+        with self._lock:
+            if self._queued.pop(execution.job.id, None) is None:
+                return False
+            self._executing[execution.job.id] = execution
+            return True
+
+    def _finish(self, execution: Execution, verdict: Verdict) -> None:
+        with self._lock:
+            self._executing.pop(execution.job.id, None)
+        self._log_verdict(verdict)
+        self._verdicts.put(verdict)
+        self._wake.set()
+
+    def _handler_thread(self) -> None:
+        while True:
+            execution = self._work.get()
+            if execution is None:
+                break
+            if not self._start(execution):
+                continue
+            db.close_old_connections()
+            try:
+                verdict = execution.run_sync()
+            finally:
+                db.close_old_connections()
+            self._finish(execution, verdict)
+        connections.close_all()
+
+    async def _run_async(self, execution: Execution) -> None:
+        if not self._start(execution):
+            return
+        verdict = await execution.run_async()
+        self._finish(execution, verdict)
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="venturi-async", daemon=True
+            )
+            thread.start()
+            self._loop = loop
+        return self._loop
+
+    def _heartbeat_one(self, execution: Execution) -> bool:
+        """`ctx.heartbeat()`: extend one job's lease from the handler's own thread."""
+        try:
+            held = leases.extend(self.database, [execution.job])
+        except DATABASE_ERRORS:
+            db.close_old_connections()
+            return not execution.lease_lost.is_set()
+        if execution.job.id not in held:
+            execution.lease_lost.set()
+        return execution.job.id in held
+
+    # ------------------------------------------------------------ completing
+
+    def _completer_thread(self) -> None:
+        pending: list[Verdict] = []
+        closing = False
+        next_heartbeat = time.monotonic() + self.heartbeat_interval
+        while pending or not closing:
+            if not pending:
+                try:
+                    first = self._verdicts.get(timeout=max(0.0, next_heartbeat - time.monotonic()))
+                except queue.Empty:
+                    next_heartbeat = self._heartbeat_all()
+                    continue
+                if first is None:
+                    closing = True
+                    continue
+                pending.append(first)
+            closing = self._drain_verdicts(pending) or closing
+            if self._write(pending):
+                pending = []
+            elif closing and self._force.is_set():
+                logger.error(
+                    "worker %s exits without writing %d verdicts: their leases will expire "
+                    "and other workers will run those jobs again",
+                    self.name,
+                    len(pending),
+                    extra={"worker": self.name},
+                )
+                pending = []
+            else:
+                time.sleep(self._reconnect_delay())
+            if time.monotonic() >= next_heartbeat:
+                next_heartbeat = self._heartbeat_all()
+        connections.close_all()
+
+    def _drain_verdicts(self, pending: list[Verdict]) -> bool:
+        """Take whatever verdicts are waiting; True if the end marker was among them."""
+        while len(pending) < COMPLETER_BATCH:
+            try:
+                verdict = self._verdicts.get_nowait()
+            except queue.Empty:
+                return False
+            if verdict is None:
+                return True
+            pending.append(verdict)
+        return False
+
+    def _write(self, pending: list[Verdict]) -> bool:
+        try:
+            write_verdicts(self.database, self.name, pending)
+        except DATABASE_ERRORS as error:
+            self._database_lost(error)
+            return False
+        self._database_back()
+        with self._lock:
+            for verdict in pending:
+                self._held.pop(verdict.job.id, None)
+            self.processed += len(pending)
+        self._wake.set()
+        return True
+
+    def _heartbeat_all(self) -> float:
+        with self._lock:
+            running = list(self._held.values())
+        if running:
+            try:
+                held = leases.extend(self.database, [execution.job for execution in running])
+            except DATABASE_ERRORS as error:
+                self._database_lost(error)
+                return time.monotonic() + min(self.heartbeat_interval, 1.0)
+            for execution in running:
+                if execution.job.id not in held:
+                    execution.lease_lost.set()
+        return time.monotonic() + self.heartbeat_interval
+
+    # ------------------------------------------------------------ shutting down
+
+    def _shut_down(self) -> None:
+        self._stop.set()
+        self._release_queued()
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self._busy() and time.monotonic() < deadline and not self._force.is_set():
+            time.sleep(0.02)
+        self._release_executing()
+        self._verdicts.put(None)
+        for _ in self._handler_threads:
+            self._work.put(None)
+        self._completer.join()
+        if self._listener is not None:
+            self._listener.stop()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        connections.close_all()
+        logger.info(
+            "worker %s stopped after %d jobs", self.name, self.processed, extra={"worker": self.name}
+        )
+
+    def _release_queued(self) -> None:
+        """Jobs claimed but not started go back to the queue at once."""
+        with self._lock:
+            waiting = list(self._queued.values())
+            self._queued.clear()
+        for execution in waiting:
+            self._verdicts.put(verdicts.released(execution.job))
+
+    def _release_executing(self) -> None:
+        """Handlers still running past the timeout: hand their jobs back, not as failures."""
+        with self._lock:
+            running = list(self._executing.values())
+            self._executing.clear()
+        for execution in running:
+            execution.lease_lost.set()
+            logger.warning(
+                "job %d still running at shutdown: released",
+                execution.job.id,
+                extra=self._extra(execution.job, JournalOutcome.RELEASED),
+            )
+            self._verdicts.put(verdicts.released(execution.job))
+
+    # ------------------------------------------------------------ plumbing
+
+    def _start_threads(self) -> None:
+        self._handler_threads = [
+            threading.Thread(target=self._handler_thread, name=f"venturi-handler-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        self._completer = threading.Thread(
+            target=self._completer_thread, name="venturi-completer", daemon=True
+        )
+        for thread in [*self._handler_threads, self._completer]:
+            thread.start()
+        if connections[venturi_settings.LISTEN_DATABASE].vendor == "postgresql":
+            self._listener = Listener(
+                alias=venturi_settings.LISTEN_DATABASE,
+                channel=venturi_settings.NOTIFY_CHANNEL,
+                on_notify=self._wake.set,
+            )
+            self._listener.start()
+
+    def _guarded(self, action: Callable[[], Any]) -> Any:
+        """Run a database action of the main thread; on a lost database, wait and return None."""
+        try:
+            result = action()
+        except DATABASE_ERRORS as error:
+            self._database_lost(error)
+            self._stop.wait(self._reconnect_delay())
+            return None
+        self._database_back()
+        return result
+
+    def _database_lost(self, error: Exception) -> None:
+        db.close_old_connections()
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is not None and not connection.is_usable():
+                connection.close()
+        with self._lock:
+            first = self._database_down_since is None
+            if first:
+                self._database_down_since = time.monotonic()
+        if first:
+            logger.error(
+                "worker %s lost the database (%s); retrying until it is back",
+                self.name,
+                error,
+                extra={"worker": self.name},
+            )
+
+    def _database_back(self) -> None:
+        with self._lock:
+            since, self._database_down_since = self._database_down_since, None
+        if since is not None:
+            logger.warning(
+                "worker %s reconnected after %.1f s",
+                self.name,
+                time.monotonic() - since,
+                extra={"worker": self.name},
+            )
+
+    def _reconnect_delay(self) -> float:
+        with self._lock:
+            since = self._database_down_since
+        down_for = 0.0 if since is None else time.monotonic() - since
+        for delay in RECONNECT_DELAYS:
+            if down_for < delay * 4:
+                return delay
+        return RECONNECT_DELAYS[-1]
+
+    def _log_verdict(self, verdict: Verdict) -> None:
+        job = verdict.job
+        extra = self._extra(job, verdict.outcome)
+        if verdict.error.type and verdict.outcome != JournalOutcome.PAUSED:
+            level = logging.ERROR if verdict.outcome == JournalOutcome.FAILED else logging.WARNING
+            logger.log(
+                level,
+                "job %d (%s) attempt %d: %s: %s",
+                job.id,
+                job.kind,
+                job.attempt,
+                verdict.outcome,
+                verdict.error.summary(),
+                extra=extra,
+            )
+        else:
+            logger.info(
+                "job %d (%s) attempt %d: %s",
+                job.id,
+                job.kind,
+                job.attempt,
+                verdict.outcome,
+                extra=extra,
+            )
+
+    def _extra(self, job: ClaimedJob, outcome: str) -> dict[str, Any]:
+        return {
+            "worker": self.name,
+            "job_id": job.id,
+            "kind": job.kind,
+            "queue": job.queue,
+            "attempt": job.attempt,
+            "outcome": str(outcome),
+        }

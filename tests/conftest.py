@@ -1,0 +1,112 @@
+"""Fixtures: real databases (PostgreSQL and SQLite) and real worker subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connections
+
+ROOT = Path(__file__).resolve().parent.parent
+BOTH_DATABASES = ["default", "sqlite"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fail the whole run at once when PostgreSQL cannot be reached: never skip it."""
+    import psycopg
+
+    from tests.database import HOW_TO, postgres_url
+
+    url = postgres_url()
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.Error as error:
+        raise pytest.UsageError(f"cannot connect to PostgreSQL at {url}: {error}\n{HOW_TO}") from None
+
+
+@pytest.fixture(params=BOTH_DATABASES, ids=["postgresql", "sqlite"])
+def alias(request: pytest.FixtureRequest) -> str:
+    """Run the test once against PostgreSQL and once against SQLite."""
+    return str(request.param)
+
+
+def worker_env() -> dict[str, str]:
+    names = {alias: connections[alias].settings_dict["NAME"] for alias in BOTH_DATABASES}
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+            "VENTURI_TEST_DATABASE_NAMES": json.dumps(names),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+class Workers:
+    """Starts `manage.py venturi_worker` subprocesses and cleans up after them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def command(self, alias: str, *args: str) -> list[str]:
+        return [sys.executable, "-m", "django", "venturi_worker", "--database", alias, *args]
+
+    def burst(self, alias: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        """Run a burst worker to the end; fail the test if it does not exit 0."""
+        result = subprocess.run(
+            self.command(alias, "--burst", *args),
+            env=worker_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert result.returncode == 0, f"worker exited {result.returncode}:\n{result.stderr}"
+        return result
+
+    def start(self, alias: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp_path / f"worker-{len(self.processes)}.log", "wb")  # noqa: SIM115
+        process = subprocess.Popen(
+            self.command(alias, *args), env=worker_env(), cwd=ROOT, stdout=log, stderr=log
+        )
+        self.processes.append(process)
+        return process
+
+    def log(self, index: int = 0) -> str:
+        return (self.tmp_path / f"worker-{index}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(tmp_path)
+    yield pool
+    pool.stop_all()
+
+
+def wait_until(condition: Callable[[], Any], *, timeout: float = 30, message: str = "") -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message or condition}")
+        time.sleep(0.02)

@@ -1,0 +1,103 @@
+import dataclasses
+import datetime as dt
+import decimal
+import json
+import uuid
+
+import pytest
+
+from django_venturi import codec
+from django_venturi.codec import PayloadError
+from tests.testapp.tasks import Address, AllTypes, Colour
+
+
+def full_payload() -> AllTypes:
+    return AllTypes(
+        text="héllo",
+        number=-42,
+        ratio=2.5,
+        flag=True,
+        nothing=None,
+        items=[1, 2, 3],
+        mapping={"a": 1.5},
+        pair=("x", 7),
+        when=dt.datetime(2026, 12, 2, 15, 30, 1, 123456, tzinfo=dt.UTC),
+        day=dt.date(2026, 2, 28),
+        clock=dt.time(23, 59, 58, 999),
+        span=dt.timedelta(days=400, microseconds=7),
+        amount=decimal.Decimal("12345678901234567890.000000001"),
+        ident=uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        colour=Colour.BLUE,
+        address=Address("Main St", 1234),
+        maybe="present",
+        addresses=[Address("a"), Address("b", None)],
+    )
+
+
+def test_round_trip_of_every_supported_type_through_json() -> None:
+    original = full_payload()
+    stored = json.loads(json.dumps(codec.encode(original)))
+    assert codec.decode(AllTypes, stored) == original
+
+
+def test_optional_fields_round_trip_as_none() -> None:
+    original = dataclasses.replace(full_payload(), maybe=None)
+    assert codec.decode(AllTypes, codec.encode(original)).maybe is None
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"number": "42"}, "AllTypes.number: expected int, got str"),
+        ({"flag": 1}, "AllTypes.flag: expected bool, got int"),
+        ({"number": True}, "AllTypes.number: expected int, got bool"),
+        ({"items": [1, "2"]}, "AllTypes.items[1]: expected int, got str"),
+        ({"address": Address(street=3)}, "AllTypes.address.street: expected str, got int"),  # type: ignore[arg-type]
+        ({"day": dt.datetime(2026, 1, 1)}, "AllTypes.day: expected date, got datetime"),
+        ({"ratio": float("nan")}, "AllTypes.ratio: NaN and infinity are not valid JSON"),
+        ({"colour": "red"}, "AllTypes.colour: expected Colour, got str"),
+        ({"pair": ("x",)}, "AllTypes.pair: expected 2 items, got 1"),
+    ],
+)
+def test_a_value_that_does_not_fit_names_its_field(change: dict[str, object], path: str) -> None:
+    bad = dataclasses.replace(full_payload(), **change)
+    with pytest.raises(PayloadError) as raised:
+        codec.encode(bad)
+    assert str(raised.value) == path
+
+
+def test_decoding_a_row_that_no_longer_fits_names_the_field() -> None:
+    stored = codec.encode(full_payload())
+    stored["number"] = "not a number"
+    with pytest.raises(PayloadError, match=r"AllTypes\.number: expected int, got str"):
+        codec.decode(AllTypes, stored)
+    del stored["number"]
+    with pytest.raises(PayloadError, match=r"AllTypes\.number: missing"):
+        codec.decode(AllTypes, stored)
+
+
+def test_decoding_refuses_unknown_fields() -> None:
+    stored = codec.encode(full_payload())
+    stored["__class__"] = "os.system"
+    with pytest.raises(PayloadError, match="unknown field"):
+        codec.decode(AllTypes, stored)
+
+
+def test_unions_of_several_types_are_tagged_and_exact() -> None:
+    @dataclasses.dataclass
+    class Either:
+        value: int | str
+
+    for value in (3, "3"):
+        assert codec.decode(Either, json.loads(json.dumps(codec.encode(Either(value))))) == Either(value)
+    with pytest.raises(PayloadError, match=r"Either\.value: expected int \| str, got float"):
+        codec.encode(Either(2.5))  # type: ignore[arg-type]
+
+
+def test_unsupported_types_are_refused_at_encode() -> None:
+    @dataclasses.dataclass
+    class Odd:
+        value: set[int]
+
+    with pytest.raises(PayloadError, match=r"Odd\.value: type .* is not supported"):
+        codec.encode(Odd({1}))

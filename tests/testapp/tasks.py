@@ -1,0 +1,189 @@
+"""Tasks the test suite enqueues; each handler leaves a Record."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import os
+import time
+import uuid
+from datetime import timedelta
+
+import django_venturi as venturi
+from tests.testapp.models import Record
+
+NO_WAIT = venturi.Fibonacci(base=timedelta(0), cap=timedelta(0))
+
+
+def record(ctx: venturi.Context, kind: str, value: object = None) -> None:
+    Record.objects.using(ctx.database).create(
+        job_id=ctx.job_id, kind=kind, attempt=ctx.attempt, value=value
+    )
+
+
+@venturi.task(kind="tests.noop")
+@dataclasses.dataclass
+class Noop(venturi.Task):
+    n: int = 0
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "noop", self.n)
+        return venturi.Outcome.completed()
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclasses.dataclass
+class Address:
+    street: str
+    zip_code: int | None = None
+
+
+@venturi.task(kind="tests.all_types")
+@dataclasses.dataclass
+class AllTypes(venturi.Task):
+    text: str
+    number: int
+    ratio: float
+    flag: bool
+    nothing: None
+    items: list[int]
+    mapping: dict[str, float]
+    pair: tuple[str, int]
+    when: dt.datetime
+    day: dt.date
+    clock: dt.time
+    span: dt.timedelta
+    amount: decimal.Decimal
+    ident: uuid.UUID
+    colour: Colour
+    address: Address
+    maybe: str | None = None
+    addresses: list[Address] = dataclasses.field(default_factory=list)
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        # Store what the handler received, re-encoded, plus a few type checks.
+        record(
+            ctx,
+            "all_types",
+            {
+                "repr": repr(self),
+                "types_ok": isinstance(self.when, dt.datetime)
+                and isinstance(self.amount, decimal.Decimal)
+                and isinstance(self.pair, tuple)
+                and isinstance(self.address, Address)
+                and isinstance(self.colour, Colour),
+            },
+        )
+        return venturi.Outcome.completed()
+
+
+@dataclasses.dataclass
+class Progress:
+    done: int
+
+
+@venturi.task(kind="tests.pausing", carry=Progress)
+@dataclasses.dataclass
+class Pausing(venturi.Task):
+    steps: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        done = ctx.carry.done if ctx.carry else 0
+        record(ctx, "pausing", done)
+        if done + 1 < self.steps:
+            return venturi.Outcome.paused(Progress(done + 1))
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.flaky", backoff=NO_WAIT, max_attempts=10)
+@dataclasses.dataclass
+class Flaky(venturi.Task):
+    failures: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "flaky")
+        if ctx.attempt <= self.failures:
+            raise RuntimeError(f"flaky failure {ctx.attempt}")
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.asks_retry", backoff=NO_WAIT)
+@dataclasses.dataclass
+class AsksRetry(venturi.Task):
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "asks_retry")
+        if ctx.attempt == 1:
+            return venturi.Outcome.retry(after=timedelta(0))
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.permanent")
+@dataclasses.dataclass
+class Permanent(venturi.Task):
+    use_outcome: bool = False
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "permanent")
+        if self.use_outcome:
+            return venturi.Outcome.failed("the outcome says no")
+        raise venturi.TaskError.permanent("the address does not exist")
+
+
+@venturi.task(kind="tests.always_fails", backoff=NO_WAIT, max_attempts=3)
+@dataclasses.dataclass
+class AlwaysFails(venturi.Task):
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "always_fails")
+        raise ValueError("never works")
+
+
+@venturi.task(kind="tests.gives_up_late", backoff=NO_WAIT, give_up_after=timedelta(seconds=1))
+@dataclasses.dataclass
+class GivesUpLate(venturi.Task):
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "gives_up_late")
+        time.sleep(0.3)
+        raise ValueError("still failing")
+
+
+@venturi.task(kind="tests.returns_none")
+@dataclasses.dataclass
+class ReturnsNone(venturi.Task):
+    def handle(self, ctx: venturi.Context) -> None:  # type: ignore[override]
+        record(ctx, "returns_none")
+
+
+@venturi.task(kind="tests.async")
+@dataclasses.dataclass
+class AsyncTask(venturi.Task):
+    n: int
+
+    async def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        await asyncio.sleep(0.01)
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(record)(ctx, "async", self.n)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.sleeper", lease=timedelta(seconds=3))
+@dataclasses.dataclass
+class Sleeper(venturi.Task):
+    seconds: float
+    cooperative: bool = True
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "sleeper", os.getpid())
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:
+            if self.cooperative and ctx.should_stop:
+                return venturi.Outcome.paused(None)
+            time.sleep(0.02)
+        return venturi.Outcome.completed()
