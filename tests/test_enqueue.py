@@ -1,0 +1,153 @@
+"""Enqueueing: inside the caller's transaction, in bulk, delayed, and refusing bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import timedelta
+
+import psycopg
+from asgiref.sync import sync_to_async
+import pytest
+from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+import django_venturi as venturi
+from django_venturi.models import Job
+from tests.testapp.models import Account
+from tests.testapp.tasks import Address, AllTypes, Noop
+from tests.test_codec import full_payload
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+
+def test_enqueue_returns_the_ready_row(alias: str) -> None:
+    job = Noop(n=5).enqueue(using=alias)
+    stored = Job.objects.using(alias).get(pk=job.pk)
+    assert (stored.kind, stored.queue, stored.state, stored.payload) == (
+        "tests.noop",
+        "default",
+        venturi.State.READY,
+        {"n": 5},
+    )
+    assert stored.attempt == 0 and stored.priority == venturi.Priority.NORMAL
+    assert job.run_at == stored.run_at and job.enqueued_at == stored.enqueued_at
+
+
+def test_a_committed_transaction_keeps_the_job_and_the_data(alias: str) -> None:
+    with transaction.atomic(using=alias):
+        Account.objects.using(alias).create(email="a@example.com")
+        Noop(n=1).enqueue(using=alias)
+    assert Account.objects.using(alias).count() == 1
+    assert Job.objects.using(alias).count() == 1
+
+
+def test_a_rolled_back_transaction_leaves_no_job(alias: str) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        Account.objects.using(alias).create(email="a@example.com")
+        Noop(n=1).enqueue(using=alias)
+        raise RuntimeError("the view failed")
+    assert Account.objects.using(alias).count() == 0
+    assert Job.objects.using(alias).count() == 0
+
+
+def test_enqueue_on_commit_waits_for_the_commit(alias: str) -> None:
+    with transaction.atomic(using=alias):
+        Noop(n=1).enqueue_on_commit(using=alias)
+        assert Job.objects.using(alias).count() == 0
+    assert Job.objects.using(alias).count() == 1
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        Noop(n=2).enqueue_on_commit(using=alias)
+        raise RuntimeError("rolled back")
+    assert list(Job.objects.using(alias).values_list("payload", flat=True)) == [{"n": 1}]
+
+
+def test_a_bad_payload_raises_naming_the_field_and_writes_nothing(alias: str) -> None:
+    with pytest.raises(venturi.PayloadError, match=r"Noop\.n: expected int, got str"):
+        Noop(n="five").enqueue(using=alias)  # type: ignore[arg-type]
+    with pytest.raises(venturi.PayloadError, match=r"AllTypes\.address\.zip_code"):
+        venturi.enqueue_many(
+            [Noop(n=1), AllTypes(**{**full_payload().__dict__, "address": Address("x", "y")})],  # type: ignore[arg-type]
+            using=alias,
+        )
+    with pytest.raises(venturi.PayloadError), transaction.atomic(using=alias):
+        Noop(n="x").enqueue_on_commit(using=alias)  # type: ignore[arg-type]
+    assert Job.objects.using(alias).count() == 0
+
+
+def test_bad_options_are_refused(alias: str) -> None:
+    with pytest.raises(ValueError, match="queue 'no spaces'"):
+        Noop().enqueue(queue="no spaces", using=alias)
+    with pytest.raises(ValueError, match="delay or run_at"):
+        Noop().enqueue(delay=timedelta(1), run_at=timezone.now(), using=alias)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        Noop().enqueue(run_at=timezone.now().replace(tzinfo=None), using=alias)
+    with pytest.raises(TypeError, match="not a task"):
+        venturi.enqueue_many([object()], using=alias)
+    assert Job.objects.using(alias).count() == 0
+
+
+def test_enqueue_many_is_one_insert_per_batch(alias: str) -> None:
+    with CaptureQueriesContext(connections[alias]) as queries, transaction.atomic(using=alias):
+        jobs = venturi.enqueue_many(
+            [Noop(n=i) for i in range(500)], priority=venturi.Priority.LOW, queue="bulk", using=alias
+        )
+    inserts = [q for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
+    # PostgreSQL takes any batch as arrays; SQLite caps the parameters per statement.
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    per_statement = connections[alias].ops.bulk_batch_size(fields, [None] * 500)
+    expected = 1 if alias == "default" else math.ceil(500 / per_statement)
+    assert len(inserts) == expected
+    assert [job.payload["n"] for job in jobs] == list(range(500))
+    assert len({job.pk for job in jobs}) == 500
+    stored = Job.objects.using(alias).filter(queue="bulk", priority=venturi.Priority.LOW)
+    assert stored.count() == 500
+
+
+def test_delay_and_run_at_set_when_the_job_is_due(alias: str) -> None:
+    before = timezone.now()
+    delayed = Noop().enqueue(delay=timedelta(hours=1), using=alias)
+    at = timezone.now() + timedelta(days=2)
+    scheduled = Noop().enqueue(run_at=at, using=alias)
+    delayed.refresh_from_db()
+    scheduled.refresh_from_db()
+    # Database time and this host's clock are the same machine here: allow a few seconds.
+    assert abs(delayed.run_at - (before + timedelta(hours=1))) < timedelta(seconds=5)
+    assert scheduled.run_at == at
+
+
+def test_priority_and_queue_default_to_the_task_and_can_be_overridden(alias: str) -> None:
+    job = Noop().enqueue(priority=venturi.Priority.HIGH, queue="emails", using=alias)
+    assert (job.priority, job.queue) == (venturi.Priority.HIGH, "emails")
+
+
+def test_aenqueue(alias: str) -> None:
+    job = asyncio.run(Noop(n=9).aenqueue(using=alias))
+    asyncio.run(sync_to_async(connections.close_all)())  # the executor thread's connection
+    assert Job.objects.using(alias).get(pk=job.pk).payload == {"n": 9}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_notifies_at_commit_only() -> None:
+    params = connections["default"].get_connection_params()
+    listener = psycopg.connect(
+        dbname=params["dbname"], user=params.get("user"), host=params.get("host"),
+        port=params.get("port"), password=params.get("password"), autocommit=True,
+    )
+    listener.execute("LISTEN venturi")
+
+    def received() -> list[str]:
+        return [n.payload for n in listener.notifies(timeout=0.5, stop_after=10)]
+
+    with transaction.atomic():
+        Noop().enqueue(queue="emails")
+        assert received() == []  # not before the commit
+    assert received() == ["emails"]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Noop().enqueue(queue="emails")
+        raise RuntimeError
+    assert received() == []  # never for a rollback
+    venturi.enqueue_many([Noop(n=i) for i in range(50)] , queue="bulk")
+    assert received() == ["bulk"]  # one notification per transaction and queue
+    listener.close()
