@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from django.contrib import admin
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -24,23 +25,55 @@ class JournalInline(JournalInlineBase):
     model = JournalEntry
     extra = 0
     can_delete = False
-    fields = ("attempt", "outcome", "worker", "started_at", "finished_at", "error_type", "error_message")
+    fields = (
+        "attempt",
+        "outcome",
+        "worker",
+        "started_at",
+        "finished_at",
+        "error_type",
+        "error_message",
+    )
     readonly_fields = fields
     ordering = ("id",)
 
-    def has_add_permission(self, request: object, obj: Job | None = None) -> bool:  # type: ignore[override]
+    def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False
 
 
 @admin.register(Job)
 class JobAdmin(JobAdminBase):
-    list_display = ("id", "kind", "queue", "priority", "state", "attempt", "run_at", "enqueued_at", "finished_at")
+    list_display = (
+        "id",
+        "kind",
+        "queue",
+        "priority",
+        "state",
+        "attempt",
+        "run_at",
+        "enqueued_at",
+        "finished_at",
+    )
     list_filter = ("state", "queue", "priority", "kind")
     search_fields = ("=id", "kind", "dedup_key")
     readonly_fields = (
-        "kind", "queue", "priority", "state", "payload_json", "carry_json", "dedup_key",
-        "attempt", "failures", "run_at", "enqueued_at", "started_at", "finished_at",
-        "claim_token", "claimed_by", "lease_expires_at", "last_error",
+        "kind",
+        "queue",
+        "priority",
+        "state",
+        "payload_json",
+        "carry_json",
+        "dedup_key",
+        "attempt",
+        "failures",
+        "run_at",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "claim_token",
+        "claimed_by",
+        "lease_expires_at",
+        "last_error",
     )
     exclude = ("payload", "carry")
     inlines = (JournalInline,)
@@ -54,7 +87,7 @@ class JobAdmin(JobAdminBase):
     def carry_json(self, job: Job) -> SafeString:
         return format_html("<pre>{}</pre>", json.dumps(job.carry, indent=2, sort_keys=True))
 
-    def has_add_permission(self, request: object) -> bool:  # type: ignore[override]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
 
@@ -63,11 +96,21 @@ class JournalEntryAdmin(JournalEntryAdminBase):
     list_display = ("id", "job", "attempt", "outcome", "worker", "started_at", "finished_at")
     list_filter = ("outcome",)
     list_select_related = ("job",)
-    readonly_fields = ("job", "attempt", "worker", "started_at", "finished_at", "outcome", "error_type", "error_message", "traceback")
+    readonly_fields = (
+        "job",
+        "attempt",
+        "worker",
+        "started_at",
+        "finished_at",
+        "outcome",
+        "error_type",
+        "error_message",
+        "traceback",
+    )
     show_full_result_count = False
 
-    def has_add_permission(self, request: object) -> bool:  # type: ignore[override]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: object, obj: JournalEntry | None = None) -> bool:  # type: ignore[override]
+    def has_change_permission(self, request: HttpRequest, obj: JournalEntry | None = None) -> bool:
         return False

@@ -15,7 +15,7 @@ from django_venturi.conf import DEFAULTS
 HINT = "See 'Settings' in the django-venturi guide."
 
 
-def _error(key: str, message: str, id: str) -> Error:  # noqa: A002
+def _error(key: str, message: str, id: str) -> Error:
     return Error(f"VENTURI[{key!r}] {message}", hint=HINT, obj="settings.VENTURI", id=id)
 
 
@@ -40,24 +40,71 @@ POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE")
 
 
 @register(Tags.compatibility)
-def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
     """Validate every key of `settings.VENTURI`, naming the bad one."""
     user = getattr(settings, "VENTURI", {})
     if not isinstance(user, dict):
-        return [Error("VENTURI must be a dict", hint=HINT, obj="settings.VENTURI", id="venturi.E001")]
+        return [
+            Error("VENTURI must be a dict", hint=HINT, obj="settings.VENTURI", id="venturi.E001")
+        ]
     errors: list[CheckMessage] = []
     for key in sorted(set(user) - set(DEFAULTS)):
-        errors.append(_error(key, f"is not a setting (known: {', '.join(sorted(DEFAULTS))})", "venturi.E002"))
+        errors.append(
+            _error(key, f"is not a setting (known: {', '.join(sorted(DEFAULTS))})", "venturi.E002")
+        )
     checks: list[tuple[str, Callable[[Any], bool], str, str]] = [
-        *((key, _is_duration, "must be a positive timedelta or number of seconds", "venturi.E003") for key in DURATIONS),
-        *((key, _is_positive_int, "must be a positive int", "venturi.E004") for key in POSITIVE_INTS),
-        ("DATABASE", lambda v: v in settings.DATABASES, "must name an alias in DATABASES", "venturi.E005"),
-        ("LISTEN_DATABASE", lambda v: v is None or v in settings.DATABASES, "must be None or an alias in DATABASES", "venturi.E006"),
-        ("DEFAULT_MAX_ATTEMPTS", lambda v: v is None or _is_positive_int(v), "must be a positive int or None", "venturi.E007"),
-        ("TASK_MODULES", lambda v: isinstance(v, list | tuple) and all(isinstance(m, str) for m in v), "must be a list of module paths", "venturi.E008"),
-        ("PRIORITY_WEIGHTS", _valid_weights, "must be three positive ints (HIGH, NORMAL, LOW)", "venturi.E009"),
-        ("DEFAULT_QUEUE", _valid_queue, "must be a queue name (letters, digits, _ . : -)", "venturi.E010"),
-        ("NOTIFY_CHANNEL", lambda v: isinstance(v, str) and v.isidentifier() and len(v) < 64, "must be an identifier shorter than 64 characters", "venturi.E011"),
+        *(
+            (key, _is_duration, "must be a positive timedelta or number of seconds", "venturi.E003")
+            for key in DURATIONS
+        ),
+        *(
+            (key, _is_positive_int, "must be a positive int", "venturi.E004")
+            for key in POSITIVE_INTS
+        ),
+        (
+            "DATABASE",
+            lambda v: v in settings.DATABASES,
+            "must name an alias in DATABASES",
+            "venturi.E005",
+        ),
+        (
+            "LISTEN_DATABASE",
+            lambda v: v is None or v in settings.DATABASES,
+            "must be None or an alias in DATABASES",
+            "venturi.E006",
+        ),
+        (
+            "DEFAULT_MAX_ATTEMPTS",
+            lambda v: v is None or _is_positive_int(v),
+            "must be a positive int or None",
+            "venturi.E007",
+        ),
+        (
+            "TASK_MODULES",
+            lambda v: isinstance(v, list | tuple) and all(isinstance(m, str) for m in v),
+            "must be a list of module paths",
+            "venturi.E008",
+        ),
+        (
+            "PRIORITY_WEIGHTS",
+            _valid_weights,
+            "must be three positive ints (HIGH, NORMAL, LOW)",
+            "venturi.E009",
+        ),
+        (
+            "DEFAULT_QUEUE",
+            _valid_queue,
+            "must be a queue name (letters, digits, _ . : -)",
+            "venturi.E010",
+        ),
+        (
+            "NOTIFY_CHANNEL",
+            lambda v: isinstance(v, str) and v.isidentifier() and len(v) < 64,
+            "must be an identifier shorter than 64 characters",
+            "venturi.E011",
+        ),
     ]
     for key, valid, message, check_id in checks:
         if key in user and not valid(user[key]):
@@ -67,7 +114,11 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 
 
 def _valid_weights(value: Any) -> bool:
-    return isinstance(value, list | tuple) and len(value) == 3 and all(_is_positive_int(v) for v in value)
+    return (
+        isinstance(value, list | tuple)
+        and len(value) == 3
+        and all(_is_positive_int(v) for v in value)
+    )
 
 
 def _valid_queue(value: Any) -> bool:

@@ -153,7 +153,7 @@ def _claim_postgresql(
         "worker": request.worker,
     }
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
         rows = cursor.fetchall()
     jobs = [
         ClaimedJob(

@@ -86,7 +86,7 @@ def _encode_dataclass(value: Any, cls: type, path: str) -> dict[str, Any]:
     }
 
 
-def _encode(value: Any, hint: Any, path: str) -> Any:  # noqa: C901 - one branch per type
+def _encode(value: Any, hint: Any, path: str) -> Any:
     if hint is Any or hint is object:
         return _encode_any(value, path)
     origin = typing.get_origin(hint)
@@ -151,7 +151,9 @@ def _encode_container(value: Any, hint: Any, path: str) -> Any:
         return [_encode(item, item_hint, f"{path}[{i}]") for i, item in enumerate(value)]
     if not isinstance(value, tuple):
         raise PayloadError(path, f"expected tuple, got {_describe(value)}")
-    return [_encode(item, hint, f"{path}[{i}]") for i, (item, hint) in _tuple_items(value, args, path)]
+    return [
+        _encode(item, hint, f"{path}[{i}]") for i, (item, hint) in _tuple_items(value, args, path)
+    ]
 
 
 def _tuple_items(value: Any, args: tuple[Any, ...], path: str) -> list[tuple[int, tuple[Any, Any]]]:
@@ -221,7 +223,7 @@ _SCALAR_ENCODERS: dict[type, Callable[[Any, str], Any]] = {
 # ---------------------------------------------------------------- decoding
 
 
-def _decode(hint: Any, data: Any, path: str) -> Any:  # noqa: C901 - one branch per type
+def _decode(hint: Any, data: Any, path: str) -> Any:
     if hint is Any or hint is object:
         return data
     origin = typing.get_origin(hint)
@@ -295,12 +297,16 @@ def _decode_container(hint: Any, data: Any, path: str) -> Any:
     if origin is list:
         item_hint = args[0] if args else Any
         return [_decode(item_hint, item, f"{path}[{i}]") for i, item in enumerate(data)]
-    return tuple(_decode(hint, item, f"{path}[{i}]") for i, (item, hint) in _tuple_items(data, args, path))
+    return tuple(
+        _decode(hint, item, f"{path}[{i}]") for i, (item, hint) in _tuple_items(data, args, path)
+    )
 
 
-def _parsed(kind: type, parse: Callable[[Any], Any], *, json_type: type | tuple[type, ...] = str) -> Callable[[Any, str], Any]:
+def _parsed(
+    kind: type, parse: Callable[[Any], Any], *, json_type: type | tuple[type, ...] = str
+) -> Callable[[Any, str], Any]:
     def decode_scalar(data: Any, path: str) -> Any:
-        if not isinstance(data, json_type) or isinstance(data, bool) and kind is not bool:
+        if not isinstance(data, json_type) or (isinstance(data, bool) and kind is not bool):
             raise PayloadError(path, f"expected {kind.__name__}, got {_describe(data)}")
         try:
             return parse(data)

@@ -97,7 +97,7 @@ def _write_postgresql(alias: str, worker: str, verdicts: Sequence[Verdict]) -> s
         "discarded": JournalOutcome.DISCARDED.value,
     }
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
         rows = cursor.fetchall()
     return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
 

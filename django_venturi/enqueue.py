@@ -170,7 +170,7 @@ def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
         venturi_settings.NOTIFY_CHANNEL,
     ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
         rows = cursor.fetchall()
     return [
         _loaded(alias, job, id=row[0], run_at=row[1], enqueued_at=row[2])

@@ -47,9 +47,7 @@ def extend(alias: str, jobs: Iterable[ClaimedJob]) -> set[int]:
         groups[(job.claim_token, job.lease)].append(job.id)
     held: set[int] = set()
     for (token, lease), ids in groups.items():
-        fenced = Job.objects.using(alias).filter(
-            id__in=ids, claim_token=token, state=State.RUNNING
-        )
+        fenced = Job.objects.using(alias).filter(id__in=ids, claim_token=token, state=State.RUNNING)
         updated = fenced.update(lease_expires_at=database_now(alias) + lease)
         if updated == len(ids):
             held.update(ids)

@@ -20,7 +20,8 @@ class Job(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
     payload = models.JSONField(help_text="The task's dataclass fields as typed JSON.")
     carry = models.JSONField(null=True, blank=True, help_text="The checkpoint of a paused job.")
-    dedup_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "", means "no dedup key": the dedup unique index only covers keyed jobs.
+    dedup_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     attempt = models.PositiveIntegerField(default=0, help_text="Runs started so far.")
     failures = models.PositiveIntegerField(
         default=0, help_text="Failed runs so far (counted against max_attempts)."

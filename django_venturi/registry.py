@@ -59,7 +59,7 @@ class TaskSpec:
     @property
     def is_async(self) -> bool:
         """Whether `handle` is an `async def` (run on the worker's event loop)."""
-        return inspect.iscoroutinefunction(self.cls.handle)
+        return inspect.iscoroutinefunction(getattr(self.cls, "handle", None))
 
     @property
     def has_dedup(self) -> bool:

@@ -40,7 +40,7 @@ class ErrorInfo:
         )
 
     @classmethod
-    def from_reason(cls, reason: str, type: str = "") -> ErrorInfo:  # noqa: A002
+    def from_reason(cls, reason: str, type: str = "") -> ErrorInfo:
         return cls(type=type, message=reason[:ERROR_MESSAGE_LIMIT])
 
     def summary(self) -> str:
@@ -151,8 +151,8 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
             carry=carry,
         )
     if result.kind is OutcomeKind.RETRY:
-        error = ErrorInfo.from_reason("the handler asked for a retry", type="Outcome.retry")
-        return retry(job, spec, error, after=result.after)
+        asked = ErrorInfo.from_reason("the handler asked for a retry", type="Outcome.retry")
+        return retry(job, spec, asked, after=result.after)
     return failed(job, ErrorInfo.from_reason(result.reason, type="Outcome.failed"))
 
 

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -165,7 +166,7 @@ class Worker:
                 self._guarded(lambda: leases.recover_expired(self.database, self.name))
                 next_rescue = time.monotonic() + self.rescue_interval
             free = self.concurrency - self._busy()
-            claimed = self._guarded(lambda: self._claim(free)) if free > 0 else None
+            claimed = self._guarded(partial(self._claim, free)) if free > 0 else None
             if claimed and len(claimed) == min(free, self.batch_size):
                 continue  # more may be due: claim again at once
             if self.burst and not claimed and self._idle():
@@ -180,9 +181,7 @@ class Worker:
             worker=self.name,
             limit=min(free, self.batch_size),
             kinds=kinds,
-            leases=[
-                registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in kinds
-            ],
+            leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in kinds],
             queues=self.queues,
         )
         jobs = claim(self.database, request, self._clock)
@@ -259,9 +258,7 @@ class Worker:
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             loop = asyncio.new_event_loop()
-            thread = threading.Thread(
-                target=loop.run_forever, name="venturi-async", daemon=True
-            )
+            thread = threading.Thread(target=loop.run_forever, name="venturi-async", daemon=True)
             thread.start()
             self._loop = loop
         return self._loop
@@ -371,7 +368,10 @@ class Worker:
             self._loop.call_soon_threadsafe(self._loop.stop)
         connections.close_all()
         logger.info(
-            "worker %s stopped after %d jobs", self.name, self.processed, extra={"worker": self.name}
+            "worker %s stopped after %d jobs",
+            self.name,
+            self.processed,
+            extra={"worker": self.name},
         )
 
     def _release_queued(self) -> None:

@@ -28,7 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         psycopg.connect(url, connect_timeout=10).close()
     except psycopg.Error as error:
-        raise pytest.UsageError(f"cannot connect to PostgreSQL at {url}: {error}\n{HOW_TO}") from None
+        raise pytest.UsageError(
+            f"cannot connect to PostgreSQL at {url}: {error}\n{HOW_TO}"
+        ) from None
 
 
 @pytest.fixture(params=BOTH_DATABASES, ids=["postgresql", "sqlite"])
@@ -61,7 +63,9 @@ class Workers:
     def command(self, alias: str, *args: str) -> list[str]:
         return [sys.executable, "-m", "django", "venturi_worker", "--database", alias, *args]
 
-    def burst(self, alias: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    def burst(
+        self, alias: str, *args: str, timeout: float = 90
+    ) -> subprocess.CompletedProcess[str]:
         """Run a burst worker to the end; fail the test if it does not exit 0."""
         result = subprocess.run(
             self.command(alias, "--burst", *args),

@@ -30,7 +30,9 @@ def postgres_url() -> str:
     try:
         container = PostgresContainer("postgres:16-alpine", driver=None).start()
     except Exception as error:  # Docker missing or not running: say so, do not skip
-        raise RuntimeError(f"{HOW_TO}\n(testcontainers could not start PostgreSQL: {error})") from None
+        raise RuntimeError(
+            f"{HOW_TO}\n(testcontainers could not start PostgreSQL: {error})"
+        ) from None
     atexit.register(container.stop)
     url = container.get_connection_url().replace("postgresql+psycopg2://", "postgres://")
     os.environ["DATABASE_URL"] = url  # worker subprocesses use the same server

@@ -11,7 +11,7 @@ import environ
 from tests.database import postgres_url
 
 BASE_DIR = Path(__file__).resolve().parent
-SECRET_KEY = "tests-only-not-secret"  # noqa: S105
+SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"

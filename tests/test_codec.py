@@ -89,7 +89,9 @@ def test_unions_of_several_types_are_tagged_and_exact() -> None:
         value: int | str
 
     for value in (3, "3"):
-        assert codec.decode(Either, json.loads(json.dumps(codec.encode(Either(value))))) == Either(value)
+        assert codec.decode(Either, json.loads(json.dumps(codec.encode(Either(value))))) == Either(
+            value
+        )
     with pytest.raises(PayloadError, match=r"Either\.value: expected int \| str, got float"):
         codec.encode(Either(2.5))  # type: ignore[arg-type]
 

@@ -7,17 +7,17 @@ import math
 from datetime import timedelta
 
 import psycopg
-from asgiref.sync import sync_to_async
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_venturi as venturi
 from django_venturi.models import Job
+from tests.test_codec import full_payload
 from tests.testapp.models import Account
 from tests.testapp.tasks import Address, AllTypes, Noop
-from tests.test_codec import full_payload
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 
@@ -91,7 +91,10 @@ def test_bad_options_are_refused(alias: str) -> None:
 def test_enqueue_many_is_one_insert_per_batch(alias: str) -> None:
     with CaptureQueriesContext(connections[alias]) as queries, transaction.atomic(using=alias):
         jobs = venturi.enqueue_many(
-            [Noop(n=i) for i in range(500)], priority=venturi.Priority.LOW, queue="bulk", using=alias
+            [Noop(n=i) for i in range(500)],
+            priority=venturi.Priority.LOW,
+            queue="bulk",
+            using=alias,
         )
     inserts = [q for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
     # PostgreSQL takes any batch as arrays; SQLite caps the parameters per statement.
@@ -132,8 +135,12 @@ def test_aenqueue(alias: str) -> None:
 def test_postgresql_notifies_at_commit_only() -> None:
     params = connections["default"].get_connection_params()
     listener = psycopg.connect(
-        dbname=params["dbname"], user=params.get("user"), host=params.get("host"),
-        port=params.get("port"), password=params.get("password"), autocommit=True,
+        dbname=params["dbname"],
+        user=params.get("user"),
+        host=params.get("host"),
+        port=params.get("port"),
+        password=params.get("password"),
+        autocommit=True,
     )
     listener.execute("LISTEN venturi")
 
@@ -148,6 +155,6 @@ def test_postgresql_notifies_at_commit_only() -> None:
         Noop().enqueue(queue="emails")
         raise RuntimeError
     assert received() == []  # never for a rollback
-    venturi.enqueue_many([Noop(n=i) for i in range(50)] , queue="bulk")
+    venturi.enqueue_many([Noop(n=i) for i in range(50)], queue="bulk")
     assert received() == ["bulk"]  # one notification per transaction and queue
     listener.close()

@@ -31,7 +31,9 @@ def test_completed_jobs_and_every_payload_type(alias: str, workers: Workers) -> 
     assert received == {"repr": repr(full_payload()), "types_ok": True}
 
 
-def test_pause_resumes_with_the_carry_and_does_not_count_as_failure(alias: str, workers: Workers) -> None:
+def test_pause_resumes_with_the_carry_and_does_not_count_as_failure(
+    alias: str, workers: Workers
+) -> None:
     job = tasks.Pausing(steps=4).enqueue(using=alias)
     workers.burst(alias)
     job.refresh_from_db()
@@ -136,9 +138,7 @@ def test_delayed_jobs_wait_and_queues_are_served_as_asked(alias: str, workers: W
     other = tasks.Noop(n=2).enqueue(queue="other", using=alias)
     mine = tasks.Noop(n=3).enqueue(queue="mine", using=alias)
     workers.burst(alias, "--queues", "mine,default")
-    states = {
-        job.pk: Job.objects.using(alias).get(pk=job.pk).state for job in (later, other, mine)
-    }
+    states = {job.pk: Job.objects.using(alias).get(pk=job.pk).state for job in (later, other, mine)}
     assert states == {
         later.pk: venturi.State.READY,
         other.pk: venturi.State.READY,
