@@ -134,11 +134,11 @@ def _valid_queue(value: Any) -> bool:
 def _check_lease_margin(user: dict[str, Any]) -> list[CheckMessage]:
     from django_venturi.conf import as_timedelta
 
-    try:
-        lease = as_timedelta(user.get("DEFAULT_LEASE", DEFAULTS["DEFAULT_LEASE"]))
-        heartbeat = as_timedelta(user.get("HEARTBEAT_INTERVAL", DEFAULTS["HEARTBEAT_INTERVAL"]))
-    except (TypeError, ValueError):
+    raw_lease = user.get("DEFAULT_LEASE", DEFAULTS["DEFAULT_LEASE"])
+    raw_heartbeat = user.get("HEARTBEAT_INTERVAL", DEFAULTS["HEARTBEAT_INTERVAL"])
+    if not (_is_duration(raw_lease) and _is_duration(raw_heartbeat)):
         return []  # reported above
+    lease, heartbeat = as_timedelta(raw_lease), as_timedelta(raw_heartbeat)
     if heartbeat * 3 > lease:
         return [
             _error(

@@ -78,7 +78,7 @@ class Worker:
         self.database = database or venturi_settings.DATABASE
         self.batch_size = batch_size or venturi_settings.BATCH_SIZE
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.heartbeat_interval = venturi_settings.HEARTBEAT_INTERVAL.total_seconds()
+        self.heartbeat_interval = self._heartbeat_interval()
         self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
 
         self._stop = threading.Event()
@@ -103,6 +103,15 @@ class Worker:
         self.processed = 0
 
     # ------------------------------------------------------------ public
+
+    @staticmethod
+    def _heartbeat_interval() -> float:
+        """The setting, or a third of the shortest lease of a known task if that is shorter."""
+        shortest = min(
+            (spec.lease for spec in registry.specs() if spec.lease is not None),
+            default=venturi_settings.DEFAULT_LEASE,
+        )
+        return min(venturi_settings.HEARTBEAT_INTERVAL, shortest / 3).total_seconds()
 
     def run(self) -> None:
         """Work until `stop()` (or a signal), or with `burst`, until nothing is due."""

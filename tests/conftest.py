@@ -80,10 +80,10 @@ class Workers:
         return result
 
     def start(self, alias: str, *args: str) -> subprocess.Popen[bytes]:
-        log = open(self.tmp_path / f"worker-{len(self.processes)}.log", "wb")  # noqa: SIM115
-        process = subprocess.Popen(
-            self.command(alias, *args), env=worker_env(), cwd=ROOT, stdout=log, stderr=log
-        )
+        with open(self.tmp_path / f"worker-{len(self.processes)}.log", "wb") as log:
+            process = subprocess.Popen(
+                self.command(alias, *args), env=worker_env(), cwd=ROOT, stdout=log, stderr=log
+            )
         self.processes.append(process)
         return process
 

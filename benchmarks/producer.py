@@ -1,0 +1,133 @@
+"""The Django side of the harness: enqueue jobs through django-venturi's public API.
+
+Run by `run.py` as a subprocess (`python -m benchmarks.producer MODE ...`) with
+VENTURI_BENCH_DB naming the database; prints one JSON object on stdout.
+Timing starts after Django is set up and the first connection is made.
+
+  single  N `SinkJob(i=i).enqueue()` calls in autocommit (W1)
+  bulk    one `venturi.enqueue_many([...])` call inside `transaction.atomic()` (W1b)
+  wake    the W3 probe, then 200 jobs on an absolute 20 ms schedule, one transaction each
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.bench_project.settings")
+
+PROBE_INDEX = 90_000_000
+
+
+def _setup() -> None:
+    import django
+    from django.db import connection
+
+    django.setup()
+    connection.ensure_connection()
+
+
+def single(n: int) -> dict[str, float | int]:
+    from django.db import connection
+
+    from benchmarks.bench_project.benchapp.tasks import SinkJob
+
+    assert connection.get_autocommit()
+    start = time.perf_counter()
+    for i in range(n):
+        SinkJob(i=i).enqueue()
+    elapsed = time.perf_counter() - start
+    return {"n": n, "elapsed": elapsed, "statements": n, "transactions": n}
+
+
+def bulk(n: int) -> dict[str, float | int]:
+    from django.db import transaction
+
+    import django_venturi as venturi
+    from benchmarks.bench_project.benchapp.tasks import SinkJob
+    from django_venturi.enqueue import INSERT_BATCH_SIZE
+
+    start = time.perf_counter()
+    with transaction.atomic():
+        jobs = venturi.enqueue_many([SinkJob(i=i) for i in range(n)])
+    elapsed = time.perf_counter() - start
+    assert len(jobs) == n
+    return {
+        "n": n,
+        "elapsed": elapsed,
+        "statements": -(-n // INSERT_BATCH_SIZE),
+        "transactions": 1,
+    }
+
+
+def wake(count: int, interval: float, sink_path: str, settle: float, wait: float) -> dict:
+    from benchmarks.bench_project.benchapp.tasks import SinkJob
+
+    return wake_schedule(
+        lambda i: SinkJob(i=i).enqueue(),
+        count=count,
+        interval=interval,
+        sink_path=sink_path,
+        settle=settle,
+        wait=wait,
+    )
+
+
+def wake_schedule(enqueue, *, count, interval, sink_path, settle, wait) -> dict:
+    """W3: probe, wait for it and `settle` s more, then enqueue on an absolute schedule.
+
+    Shared with the W4 limit. Returns the commit time of every job; the harness
+    reads the handler times from the sink.
+    """
+    from benchmarks.sink import SinkReader
+
+    reader = SinkReader(sink_path)
+    enqueue(PROBE_INDEX)
+    deadline = time.monotonic() + 30
+    while PROBE_INDEX not in reader.times:
+        if time.monotonic() > deadline:
+            return {"error": "the probe job was never handled", "t_commit": []}
+        time.sleep(0.005)
+        reader.poll()
+    time.sleep(settle)
+    t_commit: list[float] = []
+    t0 = time.monotonic() + 0.05
+    for i in range(count):
+        pause = t0 + i * interval - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        enqueue(i)
+        t_commit.append(time.time())
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        reader.poll()
+        if all(i in reader.times for i in range(count)):
+            break
+        time.sleep(0.005)
+    return {"t_commit": t_commit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("mode", choices=["single", "bulk", "wake"])
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--interval", type=float, default=0.020)
+    parser.add_argument("--settle", type=float, default=1.0)
+    parser.add_argument("--wait", type=float, default=15.0)
+    args = parser.parse_args(argv)
+    _setup()
+    if args.mode == "single":
+        result = single(args.n)
+    elif args.mode == "bulk":
+        result = bulk(args.n)
+    else:
+        result = wake(args.n, args.interval, os.environ["VENTURI_BENCH_SINK"], args.settle, args.wait)
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Stopping a worker: SIGTERM drains, releases what is left, a second signal forces."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+import django_venturi as venturi
+from django_venturi.models import Job
+from tests.conftest import Workers, wait_until
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+
+def started(alias: str, job: Job) -> bool:
+    return Record.objects.using(alias).filter(job_id=job.pk).exists()
+
+
+def outcomes(alias: str, job: Job) -> list[str]:
+    return list(job.journal.using(alias).order_by("id").values_list("outcome", flat=True))
+
+
+def test_sigterm_lets_a_short_job_finish(alias: str, workers: Workers) -> None:
+    job = tasks.Sleeper(seconds=1.0, cooperative=False).enqueue(using=alias)
+    process = workers.start(alias, "--shutdown-timeout", "10")
+    wait_until(lambda: started(alias, job), message="the job to start")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    job.refresh_from_db()
+    assert job.state == venturi.State.COMPLETED
+    assert outcomes(alias, job) == ["completed"]
+
+
+def test_a_cooperative_job_sees_should_stop_and_pauses(alias: str, workers: Workers) -> None:
+    job = tasks.Sleeper(seconds=60, cooperative=True).enqueue(using=alias)
+    process = workers.start(alias, "--shutdown-timeout", "10")
+    wait_until(lambda: started(alias, job), message="the job to start")
+    begun = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert time.monotonic() - begun < 5
+    job.refresh_from_db()
+    assert job.state == venturi.State.READY
+    assert outcomes(alias, job) == ["paused"]
+
+
+def test_a_job_that_ignores_should_stop_is_released_at_the_timeout(
+    alias: str, workers: Workers
+) -> None:
+    job = tasks.Sleeper(seconds=60, cooperative=False).enqueue(using=alias)
+    waiting = tasks.Noop(n=1).enqueue(delay=None, using=alias)
+    process = workers.start(alias, "--shutdown-timeout", "1", "--concurrency", "1")
+    wait_until(lambda: started(alias, job), message="the job to start")
+    begun = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert 0.8 < time.monotonic() - begun < 8
+    job.refresh_from_db()
+    assert job.state == venturi.State.READY
+    assert outcomes(alias, job) == ["released"]
+    assert job.failures == 0 and job.claim_token is None
+    waiting.refresh_from_db()
+    assert waiting.state in (venturi.State.READY, venturi.State.COMPLETED)
+
+
+def test_a_second_sigterm_skips_the_wait(alias: str, workers: Workers) -> None:
+    job = tasks.Sleeper(seconds=60, cooperative=False).enqueue(using=alias)
+    process = workers.start(alias, "--shutdown-timeout", "60")
+    wait_until(lambda: started(alias, job), message="the job to start")
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert process.poll() is None  # still waiting for the job
+    begun = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert time.monotonic() - begun < 5
+    job.refresh_from_db()
+    assert job.state == venturi.State.READY
+    assert outcomes(alias, job) == ["released"]
+
+
+def test_a_killed_workers_job_is_recovered_after_its_lease(alias: str, workers: Workers) -> None:
+    job = tasks.Sleeper(seconds=0.5, cooperative=False).enqueue(using=alias)
+    doomed = workers.start(alias)
+    wait_until(lambda: started(alias, job), message="the job to start")
+    doomed.kill()
+    doomed.wait(timeout=10)
+    rescuer = workers.start(alias)
+    # The lease is 3 s: the rescuer recovers the job, backs off ~1 s, runs it again.
+    wait_until(
+        lambda: Job.objects.using(alias).get(pk=job.pk).state == venturi.State.COMPLETED,
+        timeout=30,
+        message="the job to complete on the second worker",
+    )
+    assert outcomes(alias, job) == ["lease_expired", "completed"]
+    rescuer.send_signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=20) == 0
