@@ -10,14 +10,16 @@ appends to the same sink as the venturi handler.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
+import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
 from benchmarks import sink
+from benchmarks.wake import wake_schedule
 
 CHANNEL = "peerbench"
 
@@ -38,7 +40,6 @@ ENQUEUE_ONE = (
     "SELECT pg_notify('peerbench', '') FROM j"
 )
 ENQUEUE_BULK = "INSERT INTO peerbench_jobs (payload) SELECT unnest(%s::int[])"
-BULK_NOTIFY = "SELECT pg_notify('peerbench', '')"
 
 CLAIM1 = """
 UPDATE peerbench_jobs SET status = 'running', started_at = now()
@@ -78,15 +79,19 @@ def enqueue_bulk(dsn: str, n: int) -> float:
     with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
         began = time.perf_counter()
         conn.execute(ENQUEUE_BULK, (list(range(n)),))
-        elapsed = time.perf_counter() - began
-        conn.execute(BULK_NOTIFY)
-        return elapsed
+        return time.perf_counter() - began
 
 
-def enqueuer(dsn: str) -> tuple[psycopg.Connection[Any], Callable[[int], None]]:
-    """A connected single-job enqueue (W3's producer)."""
-    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0)
-    return conn, lambda i: conn.execute(ENQUEUE_ONE, (i,)) and None
+def wake(dsn: str, *, count: int, interval: float, sink_path: str, settle: float, wait: float):
+    """W3's producer: connected before the loop, one autocommit INSERT+NOTIFY per job."""
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
+
+        def enqueue(i: int) -> None:
+            conn.execute(ENQUEUE_ONE, (i,))
+
+        return wake_schedule(
+            enqueue, count=count, interval=interval, sink_path=sink_path, settle=settle, wait=wait
+        )
 
 
 def work(dsn: str, mode: str) -> None:
@@ -127,8 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     worker = sub.add_parser("worker")
     worker.add_argument("--mode", choices=["claim1", "batch100"], required=True)
     worker.add_argument("--dsn", required=True)
+    waker = sub.add_parser("wake", help="W3's producer")
+    waker.add_argument("--dsn", required=True)
+    waker.add_argument("--n", type=int, default=200)
+    waker.add_argument("--interval", type=float, default=0.020)
+    waker.add_argument("--settle", type=float, default=1.0)
+    waker.add_argument("--wait", type=float, default=15.0)
     args = parser.parse_args(argv)
-    work(args.dsn, args.mode)
+    if args.command == "worker":
+        work(args.dsn, args.mode)
+    else:
+        result = wake(
+            args.dsn,
+            count=args.n,
+            interval=args.interval,
+            sink_path=os.environ[sink.SINK_ENV],
+            settle=args.settle,
+            wait=args.wait,
+        )
+        json.dump(result, sys.stdout)
     return 0
 
 

@@ -19,8 +19,6 @@ import time
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.bench_project.settings")
 
-PROBE_INDEX = 90_000_000
-
 
 def _setup() -> None:
     import django
@@ -59,12 +57,14 @@ def bulk(n: int) -> dict[str, float | int]:
         "n": n,
         "elapsed": elapsed,
         "statements": -(-n // INSERT_BATCH_SIZE),
+        "rows_per_statement": INSERT_BATCH_SIZE,
         "transactions": 1,
     }
 
 
 def wake(count: int, interval: float, sink_path: str, settle: float, wait: float) -> dict:
     from benchmarks.bench_project.benchapp.tasks import SinkJob
+    from benchmarks.wake import wake_schedule
 
     return wake_schedule(
         lambda i: SinkJob(i=i).enqueue(),
@@ -74,40 +74,6 @@ def wake(count: int, interval: float, sink_path: str, settle: float, wait: float
         settle=settle,
         wait=wait,
     )
-
-
-def wake_schedule(enqueue, *, count, interval, sink_path, settle, wait) -> dict:
-    """W3: probe, wait for it and `settle` s more, then enqueue on an absolute schedule.
-
-    Shared with the W4 limit. Returns the commit time of every job; the harness
-    reads the handler times from the sink.
-    """
-    from benchmarks.sink import SinkReader
-
-    reader = SinkReader(sink_path)
-    enqueue(PROBE_INDEX)
-    deadline = time.monotonic() + 30
-    while PROBE_INDEX not in reader.times:
-        if time.monotonic() > deadline:
-            return {"error": "the probe job was never handled", "t_commit": []}
-        time.sleep(0.005)
-        reader.poll()
-    time.sleep(settle)
-    t_commit: list[float] = []
-    t0 = time.monotonic() + 0.05
-    for i in range(count):
-        pause = t0 + i * interval - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-        enqueue(i)
-        t_commit.append(time.time())
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        reader.poll()
-        if all(i in reader.times for i in range(count)):
-            break
-        time.sleep(0.005)
-    return {"t_commit": t_commit}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "bulk":
         result = bulk(args.n)
     else:
-        result = wake(args.n, args.interval, os.environ["VENTURI_BENCH_SINK"], args.settle, args.wait)
+        result = wake(
+            args.n, args.interval, os.environ["VENTURI_BENCH_SINK"], args.settle, args.wait
+        )
     json.dump(result, sys.stdout)
     return 0
 

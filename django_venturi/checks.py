@@ -110,7 +110,30 @@ def check_settings(
         if key in user and not valid(user[key]):
             errors.append(_error(key, f"{message}, got {user[key]!r}", check_id))
     errors.extend(_check_lease_margin(user))
+    errors.extend(check_sqlite_transaction_mode(user, settings.DATABASES))
     return errors
+
+
+def check_sqlite_transaction_mode(
+    user: dict[str, Any], databases: dict[str, Any]
+) -> list[CheckMessage]:
+    """Claims on SQLite are only safe when every transaction takes the write lock first."""
+    alias = user.get("DATABASE", DEFAULTS["DATABASE"])
+    database = databases.get(alias) if isinstance(alias, str) else None
+    if not database or "sqlite3" not in database.get("ENGINE", ""):
+        return []
+    mode = database.get("OPTIONS", {}).get("transaction_mode")
+    if isinstance(mode, str) and mode.upper() == "IMMEDIATE":
+        return []
+    return [
+        Error(
+            f"DATABASES[{alias!r}] is SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE' "
+            f"(got {mode!r}); concurrent claims could deadlock or fail with 'database is locked'",
+            hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20} to it.',
+            obj=f"settings.DATABASES[{alias!r}]",
+            id="venturi.E013",
+        )
+    ]
 
 
 def _valid_weights(value: Any) -> bool:

@@ -18,7 +18,7 @@ from django.db import connections
 logger = logging.getLogger("django_venturi.listener")
 
 RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
-WAIT_SLICE = 1.0
+WAIT_SLICE = 0.25
 """How long one wait for notifications lasts before checking for stop."""
 
 

@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from django_venturi.checks import check_settings
+from django_venturi.checks import check_settings, check_sqlite_transaction_mode
 
 
 def check_ids(venturi: object) -> list[str]:
@@ -43,6 +43,7 @@ def test_each_bad_value_has_its_check(venturi: object, check_id: str) -> None:
     assert check_ids(venturi) == [check_id]
 
 
+@pytest.mark.django_db(databases=["default", "sqlite"])
 def test_the_message_names_the_setting_and_the_value() -> None:
     with (
         override_settings(VENTURI={"CONCURRENCY": "ten"}),
@@ -50,3 +51,13 @@ def test_the_message_names_the_setting_and_the_value() -> None:
     ):
         call_command("check")
     assert "VENTURI['CONCURRENCY'] must be a positive int, got 'ten'" in str(raised.value)
+
+
+def test_sqlite_without_immediate_transactions_is_refused() -> None:
+    from django.conf import settings
+
+    plain = {**settings.DATABASES["sqlite"], "OPTIONS": {}}
+    errors = check_sqlite_transaction_mode({"DATABASE": "sqlite"}, {"sqlite": plain})
+    assert [error.id for error in errors] == ["venturi.E013"]
+    assert "transaction_mode" in errors[0].msg
+    assert check_ids({"DATABASE": "sqlite"}) == []

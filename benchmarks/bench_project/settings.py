@@ -3,7 +3,8 @@
 VENTURI_BENCH_DB      database name (the harness creates and drops it)
 VENTURI_BENCH_SINK    the sink file the handler appends to
 VENTURI_BENCH_HOST, VENTURI_BENCH_PORT, VENTURI_BENCH_USER, VENTURI_BENCH_PASSWORD
-                      server (default 127.0.0.1:5432, user postgres, trust auth; TCP, never a socket)
+                      the server (default 127.0.0.1:5432, user postgres, trust auth;
+                      always TCP, never a Unix socket)
 VENTURI_BENCH_CONN_MAX_AGE  Django CONN_MAX_AGE (default 0, Django's default)
 
 VENTURI is left at the library's defaults; the worker's flags change what a run needs.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-SECRET_KEY = "benchmarks-only-not-secret"  # noqa: S105
+SECRET_KEY = "benchmarks-only-not-secret"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"

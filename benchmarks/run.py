@@ -1,0 +1,820 @@
+"""django-venturi benchmark suite: WORKLOAD.md's W1, W1b, W2a, W2b, W3 and the W4 limit.
+
+    python benchmarks/run.py            # full run (N=10,000, every sequence twice)
+    python benchmarks/run.py --quick    # CI smoke test (N=100, once): exits 1 if a check fails
+    python benchmarks/run.py --n 2000 --repeat 1 --workloads w1,w2a
+
+Every phase runs in a freshly created database (dropped at the end) whose schema
+`manage.py migrate` installs (the W4 limit: its one CREATE TABLE). Prints one
+markdown table and writes it to benchmarks/results/latest.md; see README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import psycopg  # noqa: E402
+
+from benchmarks import limit  # noqa: E402
+from benchmarks.sink import SINK_ENV, SinkReader  # noqa: E402
+
+SETTINGS = "benchmarks.bench_project.settings"
+RESULTS_DIR = BENCH_DIR / "results"
+WORK_DIR = RESULTS_DIR / "run"
+VENTURI_UNFINISHED = "SELECT count(*) FROM django_venturi_job WHERE state IN ('ready', 'running')"
+VENTURI_DONE_ONCE = (
+    "SELECT count(*) FROM django_venturi_job WHERE state = 'completed' AND attempt = 1"
+)
+LIMIT_DONE = "SELECT count(*) FROM peerbench_jobs WHERE status = 'done'"
+
+MISSING = "n/a"
+DRAIN_TIMEOUT = 45.0
+KILL_AFTER = 15.0
+SINK_POLL = 0.005
+DB_POLL = 0.010
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One venturi worker configuration: processes x `venturi_worker` flags."""
+
+    processes: int
+    concurrency: int | None = None
+    batch_size: int | None = None
+    verbosity: int | None = None
+
+    def flags(self) -> list[str]:
+        flags: list[str] = []
+        if self.concurrency is not None:
+            flags += ["--concurrency", str(self.concurrency)]
+        if self.batch_size is not None:
+            flags += ["--batch-size", str(self.batch_size)]
+        if self.verbosity is not None:
+            flags += ["--verbosity", str(self.verbosity)]
+        return flags
+
+    def label(self) -> str:
+        if self == DEFAULTS:
+            return "1 process, defaults (concurrency 10, batch 100, -v 1)"
+        parts = [f"{self.processes} process{'es' if self.processes > 1 else ''}"]
+        parts.append(f"concurrency {self.concurrency or 10}")
+        parts.append(f"batch {self.batch_size or 100}")
+        parts.append(f"-v {1 if self.verbosity is None else self.verbosity}")
+        return ", ".join(parts)
+
+
+DEFAULTS = Cell(processes=1)
+
+# A claim takes min(free handler slots, batch size) jobs, so the batch size only
+# matters when it is below the concurrency: the grid varies the concurrency, with
+# the batch size at its default or raised to match it. -v 0 logs warnings only;
+# one cell keeps the default -v 1 (an INFO line per job) to show what that costs.
+GRID = [
+    Cell(1, 10, 100, 0),
+    Cell(1, 32, 100, 0),
+    Cell(1, 128, 100, 0),
+    Cell(1, 500, 500, 0),
+    Cell(2, 10, 100, 0),
+    Cell(2, 32, 100, 0),
+    Cell(2, 128, 100, 0),
+    Cell(2, 500, 500, 0),
+    Cell(4, 128, 100, 0),
+    Cell(1, 128, 100, None),
+]
+QUICK_GRID = [Cell(1, 32, 100, 0), Cell(2, 32, 100, 0)]
+
+LIMIT_DRAINS = [("claim1", 1), ("batch100", 1), ("batch100", 2)]
+
+WORKLOADS = ("w4", "w1", "w2a", "w1b", "w2b", "w3")
+
+
+@dataclasses.dataclass
+class Options:
+    n: int
+    repeat: int
+    grid: list[Cell]
+    wake_count: int
+    wake_settle: float
+    analyze: bool
+    workloads: set[str]
+    dsn_base: dict[str, str]
+    quick: bool
+    output: Path
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclasses.dataclass
+class Drain:
+    n: int
+    handled: int
+    steady: float | None
+    startup: float | None
+    done: float | None
+    timeout: bool
+    duplicates: int
+    unfinished: int
+    done_once: int
+    malformed: int
+    seconds: float
+    longest_pause: float | None
+    """The longest gap between consecutive handler entries, in ms: a stall detector."""
+    exits: list[int]
+    """Return codes of worker processes that exited before they were stopped."""
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.exits:
+            found.append(f"worker exited early (codes {self.exits})")
+        if self.timeout:
+            found.append(f"timeout, {self.handled}/{self.n} handled")
+        elif self.handled != self.n:
+            found.append(f"{self.handled}/{self.n} handled")
+        if self.duplicates:
+            found.append(f"{self.duplicates} i handled twice")
+        if self.unfinished:
+            found.append(f"{self.unfinished} jobs unfinished")
+        if self.done_once != self.n:
+            found.append(f"{self.done_once}/{self.n} finished after exactly one run")
+        if self.malformed:
+            found.append(f"{self.malformed} malformed sink lines")
+        return found
+
+
+@dataclasses.dataclass
+class Wake:
+    count: int
+    received: int
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+    duplicates: int
+    error: str = ""
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.error:
+            found.append(self.error)
+        if self.received != self.count:
+            found.append(f"{self.received}/{self.count} received")
+        if self.duplicates:
+            found.append(f"{self.duplicates} i handled twice")
+        return found
+
+
+@dataclasses.dataclass
+class Record:
+    """Every measurement of one repetition, keyed by a short name."""
+
+    enqueue: dict[str, float] = dataclasses.field(default_factory=dict)
+    drains: dict[str, Drain] = dataclasses.field(default_factory=dict)
+    wakes: dict[str, Wake] = dataclasses.field(default_factory=dict)
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- databases and processes
+
+
+def dsn(options: Options, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(**{**options.dsn_base, "dbname": dbname})
+
+
+def admin(options: Options) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn(options, "postgres"), autocommit=True)
+
+
+@contextlib.contextmanager
+def fresh_database(options: Options, name: str) -> Iterator[str]:
+    dbname = f"venturi_bench_{name}"
+    with admin(options) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    try:
+        yield dbname
+    finally:
+        with admin(options) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+def child_env(options: Options, dbname: str, sink_path: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    env["VENTURI_BENCH_DB"] = dbname
+    env["VENTURI_BENCH_HOST"] = options.dsn_base["host"]
+    env["VENTURI_BENCH_PORT"] = options.dsn_base["port"]
+    env["VENTURI_BENCH_USER"] = options.dsn_base["user"]
+    if sink_path is not None:
+        env[SINK_ENV] = str(sink_path)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_json(argv: Sequence[str], env: dict[str, str], what: str) -> dict[str, Any]:
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
+
+
+def migrate(options: Options, dbname: str) -> None:
+    argv = [sys.executable, "-m", "django", "migrate", "--settings", SETTINGS, "-v", "0"]
+    done = subprocess.run(
+        argv, env=child_env(options, dbname), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"migrate failed:\n{done.stderr[-4000:]}")
+
+
+def produce(options: Options, dbname: str, mode: str, *extra: str, sink_path: Path | None = None):
+    argv = [sys.executable, "-m", "benchmarks.producer", mode, *extra]
+    return run_json(argv, child_env(options, dbname, sink_path), f"producer {mode}")
+
+
+def analyze(options: Options, dbname: str) -> None:
+    if options.analyze:
+        with psycopg.connect(dsn(options, dbname), autocommit=True) as conn:
+            conn.execute("ANALYZE")
+
+
+def venturi_workers(cell: Cell) -> list[list[str]]:
+    argv = [sys.executable, "-m", "django", "venturi_worker", "--settings", SETTINGS, *cell.flags()]
+    return [argv] * cell.processes
+
+
+def limit_workers(options: Options, dbname: str, mode: str, processes: int) -> list[list[str]]:
+    argv = [sys.executable, "-m", "benchmarks.limit", "worker", "--mode", mode]
+    return [[*argv, "--dsn", dsn(options, dbname)]] * processes
+
+
+@contextlib.contextmanager
+def spawned(
+    commands: list[list[str]], env: dict[str, str], log_stem: Path
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    processes: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        for k, argv in enumerate(commands):
+            log = open(f"{log_stem}.{k}.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+        yield processes
+    finally:
+        stop(processes)
+        for log in logs:
+            log.close()
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + KILL_AFTER
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# ---------------------------------------------------------------- W2: drain
+
+
+def drain(
+    options: Options,
+    dbname: str,
+    commands: list[list[str]],
+    *,
+    name: str,
+    unfinished_sql: str,
+    done_once_sql: str,
+) -> Drain:
+    """Measure one drain of N ready jobs as WORKLOAD.md W2 says."""
+    n = options.n
+    analyze(options, dbname)
+    sink_path = WORK_DIR / f"{name}.sink"
+    sink_path.unlink(missing_ok=True)
+    reader = SinkReader(str(sink_path))
+    env = child_env(options, dbname, sink_path)
+    timeout = False
+    t_all_done = None
+    exits: list[int] = []
+    with psycopg.connect(dsn(options, dbname), autocommit=True) as poller:
+        poller.execute(unfinished_sql)  # connected and warm before the clock starts
+        t_spawn = time.time()
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        with spawned(commands, env, WORK_DIR / name) as processes:
+            while reader.poll() < n:
+                if time.monotonic() > deadline:
+                    timeout = True
+                    break
+                exits = [p.returncode for p in processes if p.poll() is not None]
+                if exits:
+                    break
+                time.sleep(SINK_POLL)
+            while not timeout and not exits:
+                (unfinished,) = poller.execute(unfinished_sql).fetchone()
+                if unfinished == 0:
+                    t_all_done = time.time()
+                    break
+                if time.monotonic() > deadline:
+                    timeout = True
+                    break
+                time.sleep(DB_POLL)
+        seconds = time.time() - t_spawn
+        reader.poll()
+        (unfinished,) = poller.execute(unfinished_sql).fetchone()
+        (done_once,) = poller.execute(done_once_sql).fetchone()
+    entries = sorted(t for ts in reader.times.values() for t in ts)
+    handled = len(reader.times)
+    steady = startup = done = pause = None
+    if entries:
+        t_first, t_last = entries[0], entries[-1]
+        pause = max((b - a for a, b in itertools.pairwise(entries)), default=0.0) * 1000
+        if handled > 1 and t_last > t_first:
+            steady = (handled - 1) / (t_last - t_first)
+        startup = handled / (t_last - t_spawn)
+    if t_all_done is not None and handled == n:
+        done = n / (t_all_done - t_spawn)
+    return Drain(
+        n=n,
+        handled=handled,
+        steady=steady,
+        startup=startup,
+        done=done,
+        timeout=timeout,
+        duplicates=len(reader.duplicates()),
+        unfinished=unfinished,
+        done_once=done_once,
+        malformed=reader.malformed,
+        seconds=seconds,
+        longest_pause=pause,
+        exits=exits,
+    )
+
+
+# ---------------------------------------------------------------- W3: wake latency
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def wake(
+    options: Options,
+    dbname: str,
+    commands: list[list[str]],
+    producer: Callable[[Path], dict[str, Any]],
+    *,
+    name: str,
+) -> Wake:
+    sink_path = WORK_DIR / f"{name}.sink"
+    sink_path.unlink(missing_ok=True)
+    with spawned(commands, child_env(options, dbname, sink_path), WORK_DIR / name):
+        result = producer(sink_path)
+    reader = SinkReader(str(sink_path))
+    reader.poll()
+    t_commit = result.get("t_commit", [])
+    latencies = [
+        (reader.first_time(i) - t) * 1000.0
+        for i, t in enumerate(t_commit)
+        if reader.first_time(i) is not None
+    ]
+    count = options.wake_count
+
+    def pct(q: float) -> float | None:
+        return percentile(latencies, q) if latencies else None
+
+    return Wake(
+        count=count,
+        received=len(latencies),
+        p50=pct(0.50),
+        p95=pct(0.95),
+        p99=pct(0.99),
+        max=max(latencies) if latencies else None,
+        duplicates=len(reader.duplicates()),
+        error=result.get("error", ""),
+    )
+
+
+def wake_args(options: Options) -> list[str]:
+    return ["--n", str(options.wake_count), "--settle", str(options.wake_settle)]
+
+
+# ---------------------------------------------------------------- one repetition
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_limit(options: Options, record: Record) -> None:
+    """W4: the hand-written psycopg queue, each drain in its own fresh database."""
+    n = options.n
+    for mode, processes in LIMIT_DRAINS:
+        key = f"{mode}x{processes}"
+        with fresh_database(options, f"limit_{key}") as dbname:
+            limit.install(dsn(options, dbname))
+            if mode == "claim1":
+                elapsed = limit.enqueue_single(dsn(options, dbname), n)
+                record.enqueue["limit_single"] = n / elapsed
+                log(f"  W4 W1 single insert: {n / elapsed:,.0f} jobs/s")
+            else:
+                elapsed = limit.enqueue_bulk(dsn(options, dbname), n)
+                record.enqueue.setdefault("limit_bulk", n / elapsed)
+                log(f"  W4 W1b bulk insert: {n / elapsed:,.0f} jobs/s")
+            result = drain(
+                options,
+                dbname,
+                limit_workers(options, dbname, mode, processes),
+                name=f"limit_{key}",
+                unfinished_sql=limit.UNFINISHED,
+                done_once_sql=LIMIT_DONE,
+            )
+            record.drains[f"limit_{key}"] = result
+            log(f"  W4 {key}: {describe(result)}")
+    with fresh_database(options, "limit_w3") as dbname:
+        limit.install(dsn(options, dbname))
+
+        def producer(sink_path: Path) -> dict[str, Any]:
+            argv = [sys.executable, "-m", "benchmarks.limit", "wake", "--dsn", dsn(options, dbname)]
+            env = child_env(options, dbname, sink_path)
+            return run_json([*argv, *wake_args(options)], env, "W4 wake producer")
+
+        result = wake(
+            options,
+            dbname,
+            limit_workers(options, dbname, "claim1", 1),
+            producer,
+            name="limit_w3",
+        )
+        record.wakes["limit_claim1x1"] = result
+        log(f"  W4 W3 claim1x1: {describe_wake(result)}")
+
+
+def run_venturi_single(options: Options, record: Record) -> None:
+    """W1 then W2a, in one fresh database."""
+    with fresh_database(options, "w1_w2a") as dbname:
+        migrate(options, dbname)
+        result = produce(options, dbname, "single", "--n", str(options.n))
+        record.enqueue["single"] = result["n"] / result["elapsed"]
+        log(f"  W1 single enqueue: {record.enqueue['single']:,.0f} jobs/s")
+        if "w2a" in options.workloads:
+            drained = drain(
+                options,
+                dbname,
+                venturi_workers(DEFAULTS),
+                name="w2a",
+                unfinished_sql=VENTURI_UNFINISHED,
+                done_once_sql=VENTURI_DONE_ONCE,
+            )
+            record.drains["w2a"] = drained
+            log(f"  W2a defaults: {describe(drained)}")
+
+
+def run_venturi_bulk(options: Options, record: Record) -> None:
+    """W1b then one W2b cell per fresh database (the first cell drains W1b's own jobs)."""
+    cells = options.grid if "w2b" in options.workloads else []
+    for k, cell in enumerate(cells or [None]):
+        with fresh_database(options, f"w1b_w2b_{k}") as dbname:
+            migrate(options, dbname)
+            result = produce(options, dbname, "bulk", "--n", str(options.n))
+            if k == 0:
+                record.enqueue["bulk"] = result["n"] / result["elapsed"]
+                record.notes["bulk"] = (
+                    f"{result['statements']} INSERT statement(s) of up to "
+                    f"{result['rows_per_statement']:,} rows, {result['transactions']} "
+                    "transaction (inside `transaction.atomic()`)"
+                )
+                log(f"  W1b enqueue_many: {record.enqueue['bulk']:,.0f} jobs/s")
+            if cell is None:
+                continue
+            drained = drain(
+                options,
+                dbname,
+                venturi_workers(cell),
+                name=f"w2b_{k}",
+                unfinished_sql=VENTURI_UNFINISHED,
+                done_once_sql=VENTURI_DONE_ONCE,
+            )
+            record.drains[f"w2b:{cell.label()}"] = drained
+            log(f"  W2b {cell.label()}: {describe(drained)}")
+
+
+def run_venturi_wake(options: Options, record: Record, cells: dict[str, Cell]) -> None:
+    for key, cell in cells.items():
+        with fresh_database(options, f"w3_{key}") as dbname:
+            migrate(options, dbname)
+
+            def producer(sink_path: Path, dbname: str = dbname) -> dict[str, Any]:
+                return produce(options, dbname, "wake", *wake_args(options), sink_path=sink_path)
+
+            result = wake(options, dbname, venturi_workers(cell), producer, name=f"w3_{key}")
+            record.wakes[f"{key}:{cell.label()}"] = result
+            log(f"  W3 {cell.label()}: {describe_wake(result)}")
+
+
+def describe(result: Drain) -> str:
+    figures = " / ".join(fmt(v) for v in (result.steady, result.startup, result.done))
+    problems = "; ".join(result.problems())
+    return f"{figures} jobs/s (steady / incl. start-up / all done), {result.seconds:.1f} s" + (
+        f" [{problems}]" if problems else ""
+    )
+
+
+def describe_wake(result: Wake) -> str:
+    figures = " / ".join(fmt(v, 1) for v in (result.p50, result.p95, result.p99, result.max))
+    problems = "; ".join(result.problems())
+    return f"p50/p95/p99/max {figures} ms, {result.received}/{result.count}" + (
+        f" [{problems}]" if problems else ""
+    )
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return MISSING
+    return f"{value:,.{digits}f}"
+
+
+# ---------------------------------------------------------------- the table
+
+
+def best_cell(records: list[Record]) -> str | None:
+    """The W2b cell with the highest mean steady rate."""
+    keys = [key for key in records[0].drains if key.startswith("w2b:")]
+    if not keys:
+        return None
+
+    def score(key: str) -> float:
+        return mean([r.drains[key].steady for r in records if key in r.drains]) or 0.0
+
+    return max(keys, key=score)
+
+
+def mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def figure(values: Sequence[float | None], digits: int = 0) -> str:
+    """The median (with two runs: their mean, then both values)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return MISSING
+    if len(present) == 1:
+        return fmt(present[0], digits)
+    centre = statistics.fmean(present) if len(present) == 2 else statistics.median(present)
+    runs = ", ".join(fmt(v, digits) for v in present)
+    return f"{fmt(centre, digits)} ({runs})"
+
+
+def centre(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return statistics.fmean(present) if len(present) <= 2 else statistics.median(present)
+
+
+def ratio(value: float | None, reference: float | None) -> str:
+    if value is None or not reference:
+        return MISSING
+    return f"{value / reference:.2f}"
+
+
+def build_table(options: Options, records: list[Record]) -> tuple[str, list[str]]:
+    rows: list[list[str]] = []
+    failures: list[str] = []
+    n = options.n
+
+    def enqueue_row(workload: str, config: str, key: str, ref_key: str, note: str = "") -> None:
+        values = [r.enqueue.get(key) for r in records]
+        if all(v is None for v in values):
+            return
+        reference = centre([r.enqueue.get(ref_key) for r in records])
+        rows.append(
+            [
+                workload,
+                config,
+                "enqueue",
+                f"{figure(values)} jobs/s",
+                ratio(centre(values), reference),
+                note,
+            ]
+        )
+
+    def drain_rows(workload: str, config: str, key: str, references: dict[str, float | None]):
+        results = [r.drains[key] for r in records if key in r.drains]
+        if not results:
+            return
+        problems = sorted({p for result in results for p in result.problems()})
+        for problem in problems:
+            failures.append(f"{workload} {config}: {problem}")
+        pauses = ", ".join(fmt(result.longest_pause) for result in results)
+        note = "; ".join(problems) if problems else "ok: each i once, 0 unfinished"
+        note += f"; longest pause {pauses} ms"
+        for metric, label in (
+            ("steady", "steady"),
+            ("startup", "incl. start-up"),
+            ("done", "all done in DB"),
+        ):
+            values = [getattr(result, metric) for result in results]
+            rows.append(
+                [
+                    workload,
+                    config,
+                    label,
+                    f"{figure(values)} jobs/s",
+                    ratio(centre(values), references.get(metric)),
+                    note,
+                ]
+            )
+
+    def wake_rows(workload: str, config: str, key: str, reference_key: str) -> None:
+        results = [r.wakes[key] for r in records if key in r.wakes]
+        if not results:
+            return
+        refs = [r.wakes[reference_key] for r in records if reference_key in r.wakes]
+        problems = sorted({p for result in results for p in result.problems()})
+        for problem in problems:
+            failures.append(f"{workload} {config}: {problem}")
+        received = ", ".join(f"{result.received}/{result.count}" for result in results)
+        note = "; ".join(problems) if problems else f"received {received}"
+        for metric in ("p50", "p95", "p99", "max"):
+            values = [getattr(result, metric) for result in results]
+            reference = centre([getattr(ref, metric) for ref in refs])
+            rows.append(
+                [
+                    workload,
+                    config,
+                    metric,
+                    f"{figure(values, 1)} ms",
+                    ratio(centre(values), reference),
+                    note,
+                ]
+            )
+
+    # The limit: per metric, the better of batch100 with 1 and 2 processes.
+    batch_keys = [f"limit_batch100x{p}" for m, p in LIMIT_DRAINS if m == "batch100"]
+    limit_best: dict[str, float | None] = {}
+    for metric in ("steady", "startup", "done"):
+        candidates = [
+            centre([getattr(r.drains[key], metric) for r in records if key in r.drains])
+            for key in batch_keys
+        ]
+        present = [c for c in candidates if c is not None]
+        limit_best[metric] = max(present) if present else None
+
+    bulk_note = records[0].notes.get("bulk", "")
+    enqueue_row("W4 W1", "psycopg INSERT+NOTIFY, autocommit", "limit_single", "limit_single")
+    enqueue_row("W4 W1b", "psycopg INSERT ... unnest(), 1 statement", "limit_bulk", "limit_bulk")
+    for mode, processes in LIMIT_DRAINS:
+        key = f"limit_{mode}x{processes}"
+        plural = "es" if processes > 1 else ""
+        drain_rows("W4 W2", f"{mode}, {processes} process{plural}", key, limit_best)
+    wake_rows("W4 W3", "claim1, 1 process", "limit_claim1x1", "limit_claim1x1")
+
+    enqueue_row("W1", "`SinkJob(i=i).enqueue()`, autocommit", "single", "limit_single")
+    enqueue_row("W1b", "`venturi.enqueue_many([...])`", "bulk", "limit_bulk", bulk_note)
+    drain_rows("W2a", DEFAULTS.label(), "w2a", limit_best)
+    best = best_cell(records)
+    for key in records[0].drains:
+        if key.startswith("w2b:"):
+            drain_rows("W2b", key.removeprefix("w2b:"), key, limit_best)
+    if best is not None:
+        drain_rows("W2b best", best.removeprefix("w2b:"), best, limit_best)
+    for key in records[0].wakes:
+        if not key.startswith("limit_"):
+            workload = "W3 (W2a config)" if key.startswith("default:") else "W3 (W2b best)"
+            wake_rows(workload, key.split(":", 1)[1], key, "limit_claim1x1")
+
+    header = ["workload", "configuration", "metric", "figure", "ratio to W4", "checks / notes"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"]) + "|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    runs = len(records)
+    title = (
+        f"django-venturi benchmarks, N = {n:,}, {runs} run{'s' if runs > 1 else ''}"
+        f"{' (quick)' if options.quick else ''}, {time.strftime('%Y-%m-%d %H:%M')}"
+    )
+    text = f"### {title}\n\n" + "\n".join(lines) + "\n"
+    return text, failures
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="CI smoke test: N=100, one run")
+    parser.add_argument("--n", type=int, default=None, help="jobs per W1/W2 phase (10,000)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs of the sequence (2)")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated subset of {','.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--no-analyze", action="store_true", help="skip the ANALYZE before each drain"
+    )
+    parser.add_argument("--host", default=os.environ.get("VENTURI_BENCH_HOST", "127.0.0.1"))
+    parser.add_argument("--port", default=os.environ.get("VENTURI_BENCH_PORT", "5432"))
+    parser.add_argument("--user", default=os.environ.get("VENTURI_BENCH_USER", "postgres"))
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.md")
+    args = parser.parse_args(argv)
+    workloads = {w.strip().lower() for w in args.workloads.split(",") if w.strip()}
+    unknown = workloads - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    n = args.n or (100 if args.quick else 10_000)
+    return Options(
+        n=n,
+        repeat=args.repeat or (1 if args.quick else 2),
+        grid=QUICK_GRID if args.quick else GRID,
+        wake_count=20 if args.quick else 200,
+        wake_settle=0.5 if args.quick else 1.0,
+        analyze=not args.no_analyze,
+        workloads=workloads,
+        dsn_base={"host": args.host, "port": str(args.port), "user": args.user},
+        quick=args.quick,
+        output=args.output,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse(argv)
+    shutil.rmtree(WORK_DIR, ignore_errors=True)
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    records: list[Record] = []
+    w3_cells: dict[str, Cell] = {}
+    for run in range(options.repeat):
+        log(f"run {run + 1}/{options.repeat}, N = {options.n:,}")
+        record = Record()
+        if "w4" in options.workloads:
+            run_limit(options, record)
+        if options.workloads & {"w1", "w2a"}:
+            run_venturi_single(options, record)
+        if options.workloads & {"w1b", "w2b"}:
+            run_venturi_bulk(options, record)
+        if "w3" in options.workloads:
+            if not w3_cells:
+                w3_cells["default"] = DEFAULTS
+                best = best_cell([record])
+                if best is not None:
+                    cell = next(c for c in options.grid if c.label() == best[4:])
+                    w3_cells["best"] = cell
+            run_venturi_wake(options, record, w3_cells)
+        records.append(record)
+    table, failures = build_table(options, records)
+    elapsed = time.monotonic() - started
+    footer = f"\nTotal time {elapsed:.0f} s. " + (
+        "All checks passed."
+        if not failures
+        else "FAILED CHECKS:\n" + "\n".join(f"- {failure}" for failure in failures)
+    )
+    print(table + footer)
+    output = options.output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(table + footer + "\n")
+    raw = [dataclasses.asdict(record) for record in records]
+    output.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
