@@ -90,6 +90,9 @@ class JobAdmin(JobAdminBase):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # read-only until the admin actions (retry, cancel) exist
+
 
 @admin.register(JournalEntry)
 class JournalEntryAdmin(JournalEntryAdminBase):
@@ -114,3 +117,6 @@ class JournalEntryAdmin(JournalEntryAdminBase):
 
     def has_change_permission(self, request: HttpRequest, obj: JournalEntry | None = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: JournalEntry | None = None) -> bool:
+        return False  # the journal is append-only

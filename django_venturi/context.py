@@ -62,6 +62,18 @@ class Context:
         """Extend this job's lease now; return False if the lease is already lost."""
         return self._heartbeat()
 
+    async def aheartbeat(self) -> bool:
+        """`heartbeat()` for `async def` handlers."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self._heartbeat, thread_sensitive=False)()
+
+    async def ajournal(self) -> list[JournalEntry]:
+        """`journal` for `async def` handlers."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(lambda: self.journal, thread_sensitive=False)()
+
     @property
     def journal(self) -> list[JournalEntry]:
         """The earlier executions of this job, oldest first (read once, on first use)."""

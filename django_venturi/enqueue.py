@@ -44,11 +44,6 @@ def job_database(using: str | None) -> str:
     return using or venturi_settings.DATABASE
 
 
-def check_and_encode(instance: object) -> dict[str, Any]:
-    """Encode a task instance's payload; raise `PayloadError` naming a bad field."""
-    return spec_of(instance).encode(instance)
-
-
 def enqueue_one(
     instance: object,
     *,
@@ -80,7 +75,7 @@ def enqueue_many(
     and writes nothing. Returns the rows in the order given.
     """
     new_jobs = [
-        _prepare(instance, delay=delay, run_at=run_at, priority=priority, queue=queue)
+        prepare(instance, delay=delay, run_at=run_at, priority=priority, queue=queue)
         for instance in instances
     ]
     alias = job_database(using)
@@ -90,7 +85,7 @@ def enqueue_many(
     return jobs
 
 
-def _prepare(
+def prepare(
     instance: object,
     *,
     delay: timedelta | None,
@@ -98,6 +93,7 @@ def _prepare(
     priority: Priority | None,
     queue: str | None,
 ) -> NewJob:
+    """Validate a task instance and its options, and encode its payload."""
     spec: TaskSpec = spec_of(instance)
     if delay is not None and run_at is not None:
         raise ValueError("give delay or run_at, not both")

@@ -64,7 +64,9 @@ class Execution:
         spec, instance, context = prepared
         try:
             result = instance.handle(context)
-        except Exception as error:
+        except BaseException as error:
+            # The handler boundary: even SystemExit from a handler must become a
+            # verdict, or its thread would die and the job stay held forever.
             return verdicts.from_exception(self.job, spec, error)
         return verdicts.from_outcome(self.job, spec, result)
 
@@ -76,6 +78,6 @@ class Execution:
         spec, instance, context = prepared
         try:
             result = await instance.handle(context)
-        except Exception as error:
+        except BaseException as error:  # the handler boundary, as in run_sync
             return verdicts.from_exception(self.job, spec, error)
         return verdicts.from_outcome(self.job, spec, result)

@@ -76,6 +76,8 @@ class TaskSpec:
         return codec.decode(self.cls, data)
 
     def encode_carry(self, carry: Any) -> Any:
+        if carry is None:
+            return None  # "no checkpoint" is always allowed, whatever the carry type
         hint = self.carry if self.carry is not None else Any
         return codec.encode_value(carry, hint, f"{self.cls.__name__}.carry")
 

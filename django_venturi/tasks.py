@@ -61,9 +61,10 @@ class Task:
         using: str | None = None,
     ) -> None:
         """Enqueue when the current transaction commits (at once outside a transaction)."""
-        from django_venturi.enqueue import check_and_encode, job_database
+        from django_venturi.enqueue import job_database, prepare
 
-        check_and_encode(self)  # refuse a bad payload now, not after the commit
+        # Refuse a bad payload or option now, not in a callback after the commit.
+        prepare(self, delay=delay, run_at=run_at, priority=priority, queue=queue)
         transaction.on_commit(
             lambda: self.enqueue(
                 delay=delay, run_at=run_at, priority=priority, queue=queue, using=using

@@ -156,7 +156,7 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
     return failed(job, ErrorInfo.from_reason(result.reason, type="Outcome.failed"))
 
 
-def from_exception(job: ClaimedJob, spec: TaskSpec, error: Exception) -> Verdict:
+def from_exception(job: ClaimedJob, spec: TaskSpec, error: BaseException) -> Verdict:
     """Turn an exception raised by a handler into a verdict."""
     info = ErrorInfo.from_exception(error)
     if isinstance(error, TaskError) and error.is_permanent:

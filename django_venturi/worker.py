@@ -417,9 +417,16 @@ class Worker:
         )
         for thread in [*self._handler_threads, self._completer]:
             thread.start()
-        if connections[venturi_settings.LISTEN_DATABASE].vendor == "postgresql":
+        # LISTEN_DATABASE belongs to VENTURI["DATABASE"]; a worker given another
+        # alias listens on that alias itself.
+        listen_alias = (
+            venturi_settings.LISTEN_DATABASE
+            if self.database == venturi_settings.DATABASE
+            else self.database
+        )
+        if connections[listen_alias].vendor == "postgresql":
             self._listener = Listener(
-                alias=venturi_settings.LISTEN_DATABASE,
+                alias=listen_alias,
                 channel=venturi_settings.NOTIFY_CHANNEL,
                 on_notify=self._wake.set,
             )

@@ -46,10 +46,15 @@ TEMPLATES = [
     }
 ]
 
-SQLITE_PATH = Path(os.environ.get("VENTURI_TEST_SQLITE", BASE_DIR / "venturi-tests.sqlite3"))
+# Two runs at once (tox envs, a developer beside CI) need their own test databases.
+RUN_SUFFIX = os.environ.get("VENTURI_TEST_RUN", "")
+SQLITE_PATH = BASE_DIR / f"venturi-tests{RUN_SUFFIX}.sqlite3"
 
 DATABASES = {
-    "default": environ.Env.db_url_config(postgres_url()),
+    "default": {
+        **environ.Env.db_url_config(postgres_url()),
+        "TEST": {"NAME": f"test_venturi{RUN_SUFFIX}"},
+    },
     "sqlite": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(SQLITE_PATH),

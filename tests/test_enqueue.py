@@ -73,6 +73,8 @@ def test_a_bad_payload_raises_naming_the_field_and_writes_nothing(alias: str) ->
         )
     with pytest.raises(venturi.PayloadError), transaction.atomic(using=alias):
         Noop(n="x").enqueue_on_commit(using=alias)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="queue"), transaction.atomic(using=alias):
+        Noop(n=1).enqueue_on_commit(queue="bad queue", using=alias)
     assert Job.objects.using(alias).count() == 0
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import django_venturi as venturi
 from django_venturi.models import Job
-from tests.conftest import Workers
+from tests.conftest import Workers, wait_until
 from tests.test_codec import full_payload
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -84,12 +84,20 @@ def test_give_up_after_max_attempts(alias: str, workers: Workers) -> None:
 
 
 def test_give_up_after_a_duration(alias: str, workers: Workers) -> None:
+    # A running worker first, so that start-up time does not eat the 1 s window.
+    probe = tasks.Noop(n=0).enqueue(using=alias)
+    workers.start(alias)
+    wait_until(lambda: Record.objects.using(alias).filter(job_id=probe.pk).exists())
     job = tasks.GivesUpLate().enqueue(using=alias)
-    workers.burst(alias)
+    wait_until(
+        lambda: Job.objects.using(alias).get(pk=job.pk).state == venturi.State.FAILED,
+        message="the job to give up",
+    )
     job.refresh_from_db()
     outcomes = journal(alias, job)
-    assert job.state == venturi.State.FAILED
-    assert outcomes[-1] == "failed" and set(outcomes[:-1]) <= {"retry"} and len(outcomes) >= 2
+    # Each run takes 0.3 s: a few retries fit in the 1 s before it gives up.
+    assert outcomes[-1] == "failed" and set(outcomes[:-1]) == {"retry"}
+    assert 2 <= len(outcomes) <= 6
     assert "give_up_after" in job.last_error
 
 
@@ -99,6 +107,19 @@ def test_a_handler_that_returns_no_outcome_fails_permanently(alias: str, workers
     job.refresh_from_db()
     assert job.state == venturi.State.FAILED
     assert "tests.testapp.tasks.ReturnsNone.handle returned NoneType" in job.last_error
+
+
+def test_a_handler_calling_sys_exit_is_a_failed_run_not_a_dead_worker(
+    alias: str, workers: Workers
+) -> None:
+    exits = tasks.Exits().enqueue(using=alias)
+    after = tasks.Noop(n=1).enqueue(using=alias)
+    workers.burst(alias, "--concurrency", "1")
+    exits.refresh_from_db()
+    after.refresh_from_db()
+    assert journal(alias, exits) == ["retry", "failed"]
+    assert exits.state == venturi.State.FAILED and "SystemExit" in exits.last_error
+    assert after.state == venturi.State.COMPLETED
 
 
 def test_async_handlers_run_on_the_event_loop(alias: str, workers: Workers) -> None:

@@ -114,6 +114,14 @@ class Flaky(venturi.Task):
         return venturi.Outcome.completed()
 
 
+@venturi.task(kind="tests.exits", backoff=NO_WAIT, max_attempts=2)
+@dataclasses.dataclass
+class Exits(venturi.Task):
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "exits")
+        raise SystemExit(3)
+
+
 @venturi.task(kind="tests.asks_retry", backoff=NO_WAIT)
 @dataclasses.dataclass
 class AsksRetry(venturi.Task):

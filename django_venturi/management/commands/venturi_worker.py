@@ -33,6 +33,13 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
+
+
 def queue_list(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
@@ -52,22 +59,28 @@ class Command(BaseCommand):
             "--queues", type=queue_list, default=None, help="Comma-separated queues (default: all)."
         )
         parser.add_argument(
-            "--concurrency", type=positive_int, default=None, help="Handler slots (default: 10)."
+            "--concurrency",
+            type=positive_int,
+            default=None,
+            help="Handler slots (default: VENTURI CONCURRENCY, 10).",
         )
         parser.add_argument(
             "--shutdown-timeout",
             type=seconds,
             default=None,
-            help="Seconds to let running jobs finish after SIGTERM (default: 30).",
+            help="Seconds running jobs get after SIGTERM (default: VENTURI SHUTDOWN_TIMEOUT, 30).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=seconds,
+            type=positive_seconds,
             default=None,
-            help="Seconds between polls when no notification comes (default: 1).",
+            help="Seconds between polls without notifications (default: VENTURI POLL_INTERVAL, 1).",
         )
         parser.add_argument(
-            "--batch-size", type=positive_int, default=None, help="Most jobs per claim (100)."
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="Most jobs per claim (default: VENTURI BATCH_SIZE, 100).",
         )
         parser.add_argument(
             "--database", default=None, help="Database alias holding the jobs (VENTURI DATABASE)."
