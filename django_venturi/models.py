@@ -50,6 +50,12 @@ class Job(models.Model):
                 name="venturi_job_lease_idx",
                 condition=Q(state=State.RUNNING),
             ),
+            # Concurrency caps count the running jobs of a kind at each claim.
+            models.Index(
+                fields=["kind"],
+                name="venturi_job_running_kind_idx",
+                condition=Q(state=State.RUNNING),
+            ),
             models.Index(fields=["kind", "state"], name="venturi_job_kind_state_idx"),
         ]
         constraints = [

@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
@@ -33,7 +34,13 @@ from django import db
 from django.db import connections
 
 from django_venturi import leases, verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.claim import (
+    ClaimedJob,
+    ClaimRequest,
+    KindLimit,
+    claim,
+    seconds_until_next_due,
+)
 from django_venturi.completion import write_verdicts
 from django_venturi.conf import as_timedelta, venturi_settings
 from django_venturi.execution import Execution
@@ -65,8 +72,11 @@ class Worker:
         database: str | None = None,
         batch_size: int | None = None,
         name: str | None = None,
+        kind_concurrency: dict[str, int] | None = None,
     ) -> None:
         self.queues = list(queues) if queues else None
+        self.kind_concurrency = dict(kind_concurrency or {})
+        """Per-worker caps: at most N jobs of a kind at once in this process."""
         self.concurrency = concurrency or venturi_settings.CONCURRENCY
         self.shutdown_timeout = as_timedelta(
             venturi_settings.SHUTDOWN_TIMEOUT if shutdown_timeout is None else shutdown_timeout
@@ -176,24 +186,50 @@ class Worker:
                 next_rescue = time.monotonic() + self.rescue_interval
             free = self.concurrency - self._busy()
             claimed = self._guarded(partial(self._claim, free)) if free > 0 else None
-            if claimed and len(claimed) == min(free, self.batch_size):
-                continue  # more may be due: claim again at once
+            if claimed and len(claimed) < free:
+                continue  # slots left: claim again at once (a capped kind may have held back)
             if self.burst and not claimed and self._idle():
                 if self._confirm_nothing_due():
                     return
                 continue
-            self._wake.wait(self.poll_interval)
+            # Nothing due: sleep until the next poll or scheduled job. Otherwise all
+            # slots are busy, and a finishing job wakes the loop.
+            self._wake.wait(self._idle_wait() if claimed == [] else self.poll_interval)
 
-    def _claim(self, free: int) -> list[ClaimedJob]:
+    def _claim_request(self, free: int) -> ClaimRequest:
         kinds = registry.kinds()
-        request = ClaimRequest(
+        return ClaimRequest(
             worker=self.name,
             limit=min(free, self.batch_size),
             kinds=kinds,
             leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in kinds],
             queues=self.queues,
+            limits=self._kind_limits(kinds),
         )
-        jobs = claim(self.database, request, self._clock)
+
+    def _kind_limits(self, kinds: Sequence[str]) -> list[KindLimit]:
+        with self._lock:
+            held = Counter(execution.job.kind for execution in self._held.values())
+        limits = []
+        for kind in kinds:
+            global_cap = registry.get(kind).concurrency
+            local_cap = self.kind_concurrency.get(kind)
+            if global_cap is not None or local_cap is not None:
+                local_room = None if local_cap is None else local_cap - held[kind]
+                limits.append(KindLimit(kind, global_cap=global_cap, local_room=local_room))
+        return limits
+
+    def _idle_wait(self) -> float:
+        """Sleep until the next poll, or until a job scheduled sooner than that is due."""
+        until_due: float | None = self._guarded(
+            lambda: seconds_until_next_due(self.database, self._claim_request(1))
+        )
+        if until_due is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(until_due, 0.005))
+
+    def _claim(self, free: int) -> list[ClaimedJob]:
+        jobs = claim(self.database, self._claim_request(free), self._clock)
         for job in jobs:
             self._dispatch(job)
         return jobs

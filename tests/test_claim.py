@@ -141,23 +141,13 @@ def test_the_claim_uses_the_partial_index_on_a_fresh_backlog() -> None:
                 SELECT 'tests.noop', 'default', i % 3, 'ready', '{{"n": 0}}', 0, 0,
                        now(), now(), '', '' FROM generate_series(1, 100000) AS i"""
         )
-    from django_venturi import claim as claim_module
+    import uuid
 
-    clock = TierClock((6, 3, 1))
-    sql = claim_module._CLAIM_SQL.format(
-        served=claim_module._SERVED_QUEUES_ALL.format(table=table), table=table
+    from django_venturi.claim import postgresql_statement
+
+    sql, params = postgresql_statement(
+        "default", request(limit=100), TierClock((6, 3, 1)), uuid.uuid4()
     )
-    params = {
-        "queues": [],
-        "tiers": [0, 1, 2],
-        "clocks": clock.offsets(),
-        "strides": clock.strides,
-        "kinds": registry.kinds(),
-        "lease_seconds": [300.0] * len(registry.kinds()),
-        "limit": 100,
-        "token": "00000000-0000-0000-0000-000000000001",
-        "worker": "explain",
-    }
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
         plan = cursor.fetchone()[0]

@@ -50,6 +50,16 @@ def queue_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def kind_caps(text: str) -> dict[str, int]:
+    caps: dict[str, int] = {}
+    for item in text.split(","):
+        kind, sep, number = item.strip().rpartition("=")
+        if not sep or not kind:
+            raise argparse.ArgumentTypeError(f"expected kind=N, got {item.strip()!r}")
+        caps[kind] = positive_int(number)
+    return caps
+
+
 class Command(BaseCommand):
     help = "Run a venturi worker: claim due jobs and run their handlers until stopped."
     requires_system_checks = "__all__"
@@ -86,6 +96,14 @@ class Command(BaseCommand):
             "--database", default=None, help="Database alias holding the jobs (VENTURI DATABASE)."
         )
         parser.add_argument(
+            "--kind-concurrency",
+            type=kind_caps,
+            default=None,
+            metavar="KIND=N[,KIND=N]",
+            help="At most N jobs of KIND at once in this worker (the task's concurrency= "
+            "caps all workers together).",
+        )
+        parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once no job is running and none is due."
         )
 
@@ -99,6 +117,7 @@ class Command(BaseCommand):
             batch_size=options["batch_size"],
             database=options["database"],
             burst=options["burst"],
+            kind_concurrency=options["kind_concurrency"],
         )
         restore = worker.install_signal_handlers()
         try:

@@ -1,0 +1,52 @@
+"""Tasks of the scheduling tests, found through VENTURI["TASK_MODULES"]."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import django_venturi as venturi
+from tests.testapp.tasks import record
+
+
+def timed(ctx: venturi.Context, kind: str, seconds: float) -> None:
+    """Record the wall-clock start and end of the run (one machine: clocks agree)."""
+    start = time.time()
+    time.sleep(seconds)
+    record(ctx, kind, {"start": start, "end": time.time()})
+
+
+@venturi.task(kind="tests.capped", concurrency=2)
+@dataclasses.dataclass
+class Capped(venturi.Task):
+    seconds: float = 0.2
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        timed(ctx, "capped", self.seconds)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.uncapped")
+@dataclasses.dataclass
+class Uncapped(venturi.Task):
+    seconds: float = 0.05
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        timed(ctx, "uncapped", self.seconds)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.stamped")
+@dataclasses.dataclass
+class Stamped(venturi.Task):
+    """Records when its handler started."""
+
+    label: str = ""
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        from tests.testapp.models import Record
+
+        Record.objects.using(ctx.database).create(
+            job_id=ctx.job_id, kind="stamped", attempt=ctx.attempt, value={"t": time.time()}
+        )
+        return venturi.Outcome.completed()
