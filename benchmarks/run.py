@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,11 @@ class Options:
     dsn_base: dict[str, str]
     quick: bool
     output: Path
+    run: int = 0
+    """The repetition being run (0-based): names the log and sink files."""
+
+    def artifact(self, name: str) -> Path:
+        return WORK_DIR / f"run{self.run + 1}_{name}"
 
 
 # ---------------------------------------------------------------- results
@@ -251,9 +256,9 @@ def migrate(options: Options, dbname: str) -> None:
         raise RuntimeError(f"migrate failed:\n{done.stderr[-4000:]}")
 
 
-def produce(options: Options, dbname: str, mode: str, *extra: str, sink_path: Path | None = None):
+def produce(options: Options, dbname: str, mode: str, *extra: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "benchmarks.producer", mode, *extra]
-    return run_json(argv, child_env(options, dbname, sink_path), f"producer {mode}")
+    return run_json(argv, child_env(options, dbname), f"producer {mode}")
 
 
 def analyze(options: Options, dbname: str) -> None:
@@ -318,7 +323,7 @@ def drain(
     """Measure one drain of N ready jobs as WORKLOAD.md W2 says."""
     n = options.n
     analyze(options, dbname)
-    sink_path = WORK_DIR / f"{name}.sink"
+    sink_path = options.artifact(f"{name}.sink")
     sink_path.unlink(missing_ok=True)
     reader = SinkReader(str(sink_path))
     env = child_env(options, dbname, sink_path)
@@ -329,7 +334,7 @@ def drain(
         poller.execute(unfinished_sql)  # connected and warm before the clock starts
         t_spawn = time.time()
         deadline = time.monotonic() + DRAIN_TIMEOUT
-        with spawned(commands, env, WORK_DIR / name) as processes:
+        with spawned(commands, env, options.artifact(name)) as processes:
             while reader.poll() < n:
                 if time.monotonic() > deadline:
                     timeout = True
@@ -395,14 +400,16 @@ def wake(
     options: Options,
     dbname: str,
     commands: list[list[str]],
-    producer: Callable[[Path], dict[str, Any]],
+    producer: list[str],
     *,
     name: str,
 ) -> Wake:
-    sink_path = WORK_DIR / f"{name}.sink"
+    """Measure W3: start the workers, then run the producer (`wake.wake_schedule`)."""
+    sink_path = options.artifact(f"{name}.sink")
     sink_path.unlink(missing_ok=True)
-    with spawned(commands, child_env(options, dbname, sink_path), WORK_DIR / name):
-        result = producer(sink_path)
+    env = child_env(options, dbname, sink_path)
+    with spawned(commands, env, options.artifact(name)) as workers:
+        result = watched(producer, env, workers)
     reader = SinkReader(str(sink_path))
     reader.poll()
     t_commit = result.get("t_commit", [])
@@ -426,6 +433,26 @@ def wake(
         duplicates=len(reader.duplicates()),
         error=result.get("error", ""),
     )
+
+
+def watched(
+    argv: list[str], env: dict[str, str], workers: list[subprocess.Popen[bytes]]
+) -> dict[str, Any]:
+    """Run a producer to its end, unless a worker exits first: then stop it and say so."""
+    with subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as producer:
+        while producer.poll() is None:
+            exits = [worker.returncode for worker in workers if worker.poll() is not None]
+            if exits:
+                producer.kill()
+                producer.communicate()
+                return {"error": f"worker exited early (codes {exits})", "t_commit": []}
+            time.sleep(0.05)
+        out, err = producer.communicate()
+    if producer.returncode != 0:
+        raise RuntimeError(f"producer {argv[2:4]} failed ({producer.returncode}):\n{err[-4000:]}")
+    return json.loads(out)
 
 
 def wake_args(options: Options) -> list[str]:
@@ -471,16 +498,12 @@ def run_limit_wake(options: Options, record: Record) -> None:
     with fresh_database(options, "limit_w3") as dbname:
         limit.install(dsn(options, dbname))
 
-        def producer(sink_path: Path) -> dict[str, Any]:
-            argv = [sys.executable, "-m", "benchmarks.limit", "wake", "--dsn", dsn(options, dbname)]
-            env = child_env(options, dbname, sink_path)
-            return run_json([*argv, *wake_args(options)], env, "W4 wake producer")
-
+        producer = [sys.executable, "-m", "benchmarks.limit", "wake", "--dsn", dsn(options, dbname)]
         result = wake(
             options,
             dbname,
             limit_workers(options, dbname, "claim1", 1),
-            producer,
+            [*producer, *wake_args(options)],
             name="limit_w3",
         )
         record.wakes["limit_claim1x1"] = result
@@ -541,9 +564,7 @@ def run_venturi_wake(options: Options, record: Record, cells: dict[str, Cell]) -
         with fresh_database(options, f"w3_{key}") as dbname:
             migrate(options, dbname)
 
-            def producer(sink_path: Path, dbname: str = dbname) -> dict[str, Any]:
-                return produce(options, dbname, "wake", *wake_args(options), sink_path=sink_path)
-
+            producer = [sys.executable, "-m", "benchmarks.producer", "wake", *wake_args(options)]
             result = wake(options, dbname, venturi_workers(cell), producer, name=f"w3_{key}")
             record.wakes[f"{key}:{cell.label()}"] = result
             log(f"  W3 {cell.label()}: {describe_wake(result)}")
@@ -733,11 +754,29 @@ def build_table(options: Options, records: list[Record]) -> tuple[str, list[str]
         f"django-venturi benchmarks, N = {n:,}, {runs} run{'s' if runs > 1 else ''}"
         f"{' (quick)' if options.quick else ''}, {time.strftime('%Y-%m-%d %H:%M')}"
     )
-    text = f"### {title}\n\n" + "\n".join(lines) + "\n"
+    text = f"### {title}\n\n{code_version()}\n\n" + "\n".join(lines) + "\n"
     return text, failures
 
 
 # ---------------------------------------------------------------- main
+
+
+def code_version() -> str:
+    """The commit measured, and whether django_venturi/ differs from it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "code: not a git checkout"
+    dirty = git("status", "--porcelain", "--", "django_venturi").splitlines()
+    if dirty:
+        return f"code: {commit}, plus uncommitted changes to {len(dirty)} django_venturi/ file(s)"
+    return f"code: {commit}"
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -789,6 +828,7 @@ def main(argv: list[str] | None = None) -> int:
     # W3's "W2b best" is the configuration the table reports as best.
     for run in range(options.repeat):
         log(f"run {run + 1}/{options.repeat}, N = {options.n:,}: W1, W1b, W2, W4")
+        options.run = run
         record = Record()
         if "w4" in options.workloads:
             run_limit(options, record)
@@ -804,6 +844,7 @@ def main(argv: list[str] | None = None) -> int:
             w3_cells["best"] = next(c for c in options.grid if c.label() == best[4:])
         for run, record in enumerate(records):
             log(f"run {run + 1}/{options.repeat}: W3")
+            options.run = run
             if "w4" in options.workloads:
                 run_limit_wake(options, record)
             run_venturi_wake(options, record, w3_cells)
