@@ -14,6 +14,7 @@ BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
 
