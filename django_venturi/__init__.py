@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django_venturi.backoff import Fibonacci
-from django_venturi.codec import PayloadError
+from django_venturi.codec import PayloadError, secret
 from django_venturi.context import Context
 from django_venturi.outcomes import Outcome, TaskError
 from django_venturi.registry import RegistrationError, UnknownKind
@@ -35,6 +35,7 @@ __all__ = [
     "UnknownKind",
     "__version__",
     "enqueue_many",
+    "secret",
     "task",
 ]
 

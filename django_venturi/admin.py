@@ -81,7 +81,9 @@ class JobAdmin(JobAdminBase):
 
     @admin.display(description="payload")
     def payload_json(self, job: Job) -> SafeString:
-        return format_html("<pre>{}</pre>", json.dumps(job.payload, indent=2, sort_keys=True))
+        return format_html(
+            "<pre>{}</pre>", json.dumps(job.masked_payload(), indent=2, sort_keys=True)
+        )
 
     @admin.display(description="carry")
     def carry_json(self, job: Job) -> SafeString:

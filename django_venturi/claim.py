@@ -231,7 +231,7 @@ def _claim_postgresql(
     with in_transaction, connection.cursor() as cursor:
         if globally_capped:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CAPS_LOCK_KEY])
-        cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     jobs = [
         ClaimedJob(

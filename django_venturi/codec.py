@@ -53,6 +53,22 @@ def decode_value(hint: Any, data: Any, path: str) -> Any:
     return _decode(hint, data, path)
 
 
+SECRET = "venturi.secret"  # noqa: S105 - a metadata key, not a password
+"""Field metadata key: the value is masked in the admin and never shown in errors."""
+MASK = "********"
+
+
+def secret(**field_options: Any) -> Any:
+    """Declare a payload field whose value is masked in the admin and in error messages.
+
+    Use it like `dataclasses.field`: `api_key: str = venturi.secret()` or
+    `token: str = venturi.secret(default="")`. The value is still stored in the
+    row as plain JSON: masking protects screens and logs, not the database.
+    """
+    metadata = {**field_options.pop("metadata", {}), SECRET: True}
+    return dataclasses.field(metadata=metadata, **field_options)
+
+
 @functools.cache
 def _field_hints(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     """(name, resolved type, has default) for each init field of a dataclass."""
@@ -69,6 +85,52 @@ def _field_hints(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     )
 
 
+@functools.cache
+def _secret_fields(cls: type) -> frozenset[str]:
+    return frozenset(field.name for field in dataclasses.fields(cls) if field.metadata.get(SECRET))
+
+
+def masked(cls: type, data: Any) -> Any:
+    """The stored JSON of a `cls` payload with its secret fields (at any depth) masked."""
+    if not isinstance(data, dict):
+        return data
+    secrets = _secret_fields(cls)
+    result = {}
+    for name, hint, _ in _field_hints(cls):
+        if name not in data:
+            continue
+        value = data[name]
+        if name in secrets:
+            result[name] = MASK
+        else:
+            nested = _dataclass_in(hint)
+            result[name] = _masked_nested(nested, value) if nested else value
+    result.update({key: value for key, value in data.items() if key not in result})
+    return result
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    """The dataclass a field holds, directly, optionally, or as list items."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint
+    for arg in typing.get_args(hint):
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def _masked_nested(cls: type, value: Any) -> Any:
+    if isinstance(value, list):
+        return [masked(cls, item) for item in value]
+    return masked(cls, value)
+
+
+def _hide_secret(cls: type, name: str, error: PayloadError) -> PayloadError:
+    if name not in _secret_fields(cls):
+        return error
+    return PayloadError(error.path, "does not fit its declared type (secret field: value hidden)")
+
+
 def _describe(value: Any) -> str:
     return type(value).__name__
 
@@ -80,10 +142,13 @@ def _type_name(hint: Any) -> str:
 def _encode_dataclass(value: Any, cls: type, path: str) -> dict[str, Any]:
     if not isinstance(value, cls):
         raise PayloadError(path, f"expected {cls.__name__}, got {_describe(value)}")
-    return {
-        name: _encode(getattr(value, name), hint, f"{path}.{name}")
-        for name, hint, _ in _field_hints(cls)
-    }
+    encoded = {}
+    for name, hint, _ in _field_hints(cls):
+        try:
+            encoded[name] = _encode(getattr(value, name), hint, f"{path}.{name}")
+        except PayloadError as error:
+            raise _hide_secret(cls, name, error) from None
+    return encoded
 
 
 def _encode(value: Any, hint: Any, path: str) -> Any:
@@ -264,7 +329,10 @@ def _decode_dataclass(cls: type, data: Any, path: str) -> Any:
     values = {}
     for name, hint, has_default in fields:
         if name in data:
-            values[name] = _decode(hint, data[name], f"{path}.{name}")
+            try:
+                values[name] = _decode(hint, data[name], f"{path}.{name}")
+            except PayloadError as error:
+                raise _hide_secret(cls, name, error) from None
         elif not has_default:
             raise PayloadError(f"{path}.{name}", "missing")
     return cls(**values)

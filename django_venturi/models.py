@@ -77,6 +77,17 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.kind} #{self.pk} ({self.state})"
 
+    def masked_payload(self) -> Any:
+        """The stored payload with the task's secret fields masked (for screens and logs)."""
+        from django_venturi import codec
+        from django_venturi.registry import UnknownKind, registry
+
+        try:
+            spec = registry.get(self.kind)
+        except UnknownKind:
+            return self.payload
+        return codec.masked(spec.cls, self.payload)
+
     def decoded_payload(self) -> Any:
         """Return the payload as an instance of its task class."""
         from django_venturi.registry import registry

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+import django_venturi as venturi
 from django_venturi import codec
 from django_venturi.codec import PayloadError
 from tests.testapp.tasks import Address, AllTypes, Colour
@@ -103,3 +104,37 @@ def test_unsupported_types_are_refused_at_encode() -> None:
 
     with pytest.raises(PayloadError, match=r"Odd\.value: type .* is not supported"):
         codec.encode(Odd({1}))
+
+
+@dataclasses.dataclass
+class Credentials:
+    user: str
+    password: str = venturi.secret()
+
+
+@dataclasses.dataclass
+class Login:
+    site: str
+    api_key: str = venturi.secret(default="")
+    credentials: list[Credentials] = dataclasses.field(default_factory=list)
+
+
+def test_secret_fields_are_masked_at_any_depth() -> None:
+    stored = codec.encode(Login("example.org", "k-123", [Credentials("ann", "hunter2")]))
+    assert stored["api_key"] == "k-123"  # stored as is: masking is for screens and logs
+    shown = codec.masked(Login, stored)
+    assert shown == {
+        "site": "example.org",
+        "api_key": codec.MASK,
+        "credentials": [{"user": "ann", "password": codec.MASK}],
+    }
+    assert "hunter2" not in json.dumps(shown) and "k-123" not in json.dumps(shown)
+
+
+def test_errors_about_secret_fields_do_not_show_the_value() -> None:
+    with pytest.raises(PayloadError) as raised:
+        codec.encode(Login("example.org", api_key=12345))  # type: ignore[arg-type]
+    assert "12345" not in str(raised.value) and "Login.api_key" in str(raised.value)
+    with pytest.raises(PayloadError) as raised:
+        codec.decode(Credentials, {"user": "ann", "password": ["hunter2"]})
+    assert "hunter2" not in str(raised.value)
