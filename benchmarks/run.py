@@ -797,7 +797,12 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--host", default=os.environ.get("VENTURI_BENCH_HOST", "127.0.0.1"))
     parser.add_argument("--port", default=os.environ.get("VENTURI_BENCH_PORT", "5432"))
     parser.add_argument("--user", default=os.environ.get("VENTURI_BENCH_USER", "postgres"))
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.md")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="where to write the table (results/latest.md; with --quick, results/quick.md)",
+    )
     args = parser.parse_args(argv)
     workloads = {w.strip().lower() for w in args.workloads.split(",") if w.strip()}
     unknown = workloads - set(WORKLOADS)
@@ -814,7 +819,7 @@ def parse(argv: list[str] | None) -> Options:
         workloads=workloads,
         dsn_base={"host": args.host, "port": str(args.port), "user": args.user},
         quick=args.quick,
-        output=args.output,
+        output=args.output or RESULTS_DIR / ("quick.md" if args.quick else "latest.md"),
     )
 
 
