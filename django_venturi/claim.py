@@ -190,8 +190,10 @@ SET state = 'running',
     claimed_by = %(worker)s,
     started_at = now(),
     lease_expires_at = now() + make_interval(secs => leases.seconds)
-FROM chosen, leases
-WHERE job.id = chosen.id AND leases.kind = job.kind
+FROM leases
+-- = ANY(ARRAY(...)) makes the planner fetch the chosen rows by primary key
+-- instead of hash-joining a scan of the whole table, whatever its estimates.
+WHERE job.id = ANY(ARRAY(SELECT id FROM chosen)) AND leases.kind = job.kind
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload, job.carry, job.attempt,
           job.failures, job.enqueued_at, job.started_at, leases.seconds
 """

@@ -56,7 +56,8 @@ applied AS (
         claim_token = NULL,
         lease_expires_at = NULL
     FROM verdict
-    WHERE job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
+    WHERE job.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the estimates
+      AND job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
     RETURNING job.id
 )
 INSERT INTO {journal}
@@ -67,7 +68,7 @@ SELECT verdict.id, verdict.attempt, verdict.worker, verdict.started_at, now(),
        verdict.error_type, verdict.error_message, verdict.traceback
 FROM verdict LEFT JOIN applied ON applied.id = verdict.id
 -- Rows of jobs deleted meanwhile (cleanup) have nothing to attach to.
-WHERE EXISTS (SELECT 1 FROM {job} AS still WHERE still.id = verdict.id)
+WHERE verdict.id IN (SELECT still.id FROM {job} AS still WHERE still.id = ANY(%(ids)s::bigint[]))
 RETURNING job_id, outcome
 """
 

@@ -56,6 +56,9 @@ DATABASE_ERRORS = (db.OperationalError, db.InterfaceError)
 """Errors that mean the database went away: wait, reconnect, carry on."""
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 COMPLETER_BATCH = 500
+PREFETCH_FACTOR = 2
+"""A worker holds up to this many times `concurrency` jobs: the rest wait in a local
+buffer, so handler threads never wait for a claim round trip."""
 
 
 class Worker:
@@ -184,8 +187,12 @@ class Worker:
             if time.monotonic() >= next_rescue:
                 self._guarded(lambda: leases.recover_expired(self.database, self.name))
                 next_rescue = time.monotonic() + self.rescue_interval
-            free = self.concurrency - self._busy()
-            claimed = self._guarded(partial(self._claim, free)) if free > 0 else None
+            free = self._capacity() - self._busy()
+            # Claim in batches of at least `concurrency` (the local buffer is as
+            # deep as the handler pool), not one claim per finished job.
+            claimed = (
+                self._guarded(partial(self._claim, free)) if free >= self.concurrency else None
+            )
             if claimed and len(claimed) < free:
                 continue  # slots left: claim again at once (a capped kind may have held back)
             if self.burst and not claimed and self._idle():
@@ -248,6 +255,10 @@ class Worker:
         else:
             self._work.put(execution)
 
+    def _capacity(self) -> int:
+        """Jobs held at once: a handler slot each, plus as many buffered, claimed ahead."""
+        return self.concurrency * PREFETCH_FACTOR
+
     def _busy(self) -> int:
         with self._lock:
             return len(self._queued) + len(self._executing)
@@ -258,7 +269,7 @@ class Worker:
 
     def _confirm_nothing_due(self) -> bool:
         """In burst mode: after the last verdicts are written, is anything due?"""
-        free = self.concurrency - self._busy()
+        free = self._capacity() - self._busy()
         claimed = self._guarded(lambda: self._claim(free))
         return claimed is not None and not claimed and self._idle()
 
