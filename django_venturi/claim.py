@@ -49,6 +49,32 @@ class ClaimedJob:
     claim_token: uuid.UUID
     lease: timedelta
 
+    @classmethod
+    def from_row(
+        cls,
+        job: Job,
+        *,
+        attempt: int,
+        started_at: datetime,
+        claim_token: uuid.UUID,
+        lease: timedelta,
+    ) -> ClaimedJob:
+        """A claimed job built from a `Job` row and the claim's own values."""
+        return cls(
+            id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            priority=job.priority,
+            payload=job.payload,
+            carry=job.carry,
+            attempt=attempt,
+            failures=job.failures,
+            enqueued_at=job.enqueued_at,
+            started_at=started_at,
+            claim_token=claim_token,
+            lease=lease,
+        )
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KindLimit:
@@ -304,16 +330,9 @@ def _claim_orm(
                 lease_expires_at=now + lease_of[kind],
             )
     return [
-        ClaimedJob(
-            id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            priority=job.priority,
-            payload=job.payload,
-            carry=job.carry,
+        ClaimedJob.from_row(
+            job,
             attempt=job.attempt + 1,
-            failures=job.failures,
-            enqueued_at=job.enqueued_at,
             started_at=now,
             claim_token=token,
             lease=lease_of[job.kind],

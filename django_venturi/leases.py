@@ -80,16 +80,9 @@ def _lost_run(job: Job) -> verdicts.Verdict:
         spec = registry.get(job.kind)
     except UnknownKind:
         spec = None  # recover it all the same, with the default give-up policy
-    claimed = ClaimedJob(
-        id=job.id,
-        kind=job.kind,
-        queue=job.queue,
-        priority=job.priority,
-        payload=job.payload,
-        carry=job.carry,
+    claimed = ClaimedJob.from_row(
+        job,
         attempt=job.attempt,
-        failures=job.failures,
-        enqueued_at=job.enqueued_at,
         started_at=job.started_at or job.enqueued_at,
         claim_token=job.claim_token or uuid.UUID(int=0),
         lease=timedelta(0),
