@@ -195,3 +195,88 @@ class Sleeper(venturi.Task):
                 return venturi.Outcome.paused(None)
             time.sleep(0.02)
         return venturi.Outcome.completed()
+
+
+# ---------------------------------------------------------------- crash and fault tests
+
+
+def append_line(path: str, line: str) -> None:
+    """One `write()` to a file opened with O_APPEND: lines from many processes never mix."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+@venturi.task(kind="tests.chaos", lease=timedelta(seconds=2), backoff=NO_WAIT, max_attempts=100)
+@dataclasses.dataclass
+class Chaos(venturi.Task):
+    """Appends `job attempt pid` to `path` (the side effect of each run), then sleeps."""
+
+    path: str
+    sleep: float = 0.005
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        append_line(self.path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")
+        time.sleep(self.sleep)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(
+    kind="tests.kills_its_worker", lease=timedelta(seconds=2), backoff=NO_WAIT, max_attempts=3
+)
+@dataclasses.dataclass
+class KillsItsWorker(venturi.Task):
+    """A poison job: every run SIGKILLs the worker process that runs it."""
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        import signal
+
+        record(ctx, "kills_its_worker", os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)
+        return venturi.Outcome.completed()  # never reached
+
+
+@venturi.task(kind="tests.slow_first", lease=timedelta(seconds=2), backoff=NO_WAIT)
+@dataclasses.dataclass
+class SlowFirst(venturi.Task):
+    """Runs `first` seconds on its first attempt (long past its lease), `then` afterwards."""
+
+    first: float
+    then: float = 0.1
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "slow_first", os.getpid())
+        time.sleep(self.first if ctx.attempt == 1 else self.then)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.steady", lease=timedelta(seconds=5), backoff=NO_WAIT, max_attempts=50)
+@dataclasses.dataclass
+class Steady(venturi.Task):
+    """A short job that writes a Record (its side effect) through the handler's connection."""
+
+    n: int
+    sleep: float = 0.01
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "steady", self.n)
+        time.sleep(self.sleep)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(
+    kind="tests.outlasts_outage", lease=timedelta(seconds=10), backoff=NO_WAIT, max_attempts=50
+)
+@dataclasses.dataclass
+class OutlastsOutage(venturi.Task):
+    """`Chaos` with a 10 s lease: a claim outlives a few seconds without the database."""
+
+    path: str
+    sleep: float = 0.01
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        append_line(self.path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")
+        time.sleep(self.sleep)
+        return venturi.Outcome.completed()
