@@ -145,7 +145,7 @@ def _insert_one_postgresql(alias: str, job: NewJob) -> Job:
     """One job: a plain VALUES insert, cheaper to plan than the array form."""
     connection = connections[alias]
     sql = _INSERT_ONE_SQL.format(table=connection.ops.quote_name(Job._meta.db_table))
-    params = [
+    params: list[Any] = [
         job.kind,
         job.queue,
         job.priority,

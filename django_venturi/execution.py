@@ -27,6 +27,8 @@ class Execution:
     ) -> None:
         self.job = job
         self.lease_lost = threading.Event()
+        self.started: float | None = None
+        """`time.monotonic()` when the handler started."""
         self._database = database
         self._stop = stop
         self._heartbeat = heartbeat

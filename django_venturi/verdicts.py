@@ -70,6 +70,8 @@ class Verdict:
     error: ErrorInfo = NO_ERROR
     worker: str | None = None
     """The worker the journal names, when not the one writing (a recovered run)."""
+    duration: float | None = None
+    """Seconds the handler ran (None when it did not run: released, recovered)."""
 
 
 def completed(job: ClaimedJob) -> Verdict:

@@ -15,6 +15,7 @@ The management command `venturi_worker` only parses flags and builds a `Worker`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import queue
@@ -32,8 +33,9 @@ from typing import Any
 
 from django import db
 from django.db import connections
+from django.dispatch import Signal
 
-from django_venturi import leases, verdicts
+from django_venturi import leases, signals, verdicts
 from django_venturi.claim import (
     ClaimedJob,
     ClaimRequest,
@@ -201,7 +203,9 @@ class Worker:
                 continue
             # Nothing due: sleep until the next poll or scheduled job. Otherwise all
             # slots are busy, and a finishing job wakes the loop.
-            self._wake.wait(self._idle_wait() if claimed == [] else self.poll_interval)
+            wait = self._idle_wait() if claimed == [] else self.poll_interval
+            # Never sleep past the next recovery sweep, however long the poll interval.
+            self._wake.wait(min(wait, max(0.0, next_rescue - time.monotonic())))
 
     def _claim_request(self, free: int) -> ClaimRequest:
         kinds = registry.kinds()
@@ -283,9 +287,23 @@ class Worker:
             self._executing[execution.job.id] = execution
             return True
 
+    def _started(self, execution: Execution) -> None:
+        execution.started = time.monotonic()
+        job = execution.job
+        self._send(
+            signals.job_started,
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            worker=self.name,
+        )
+
     def _finish(self, execution: Execution, verdict: Verdict) -> None:
         with self._lock:
             self._executing.pop(execution.job.id, None)
+        if execution.started is not None:
+            verdict = dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
         self._log_verdict(verdict)
         self._verdicts.put(verdict)
         self._wake.set()
@@ -297,6 +315,7 @@ class Worker:
                 break
             if not self._start(execution):
                 continue
+            self._started(execution)
             db.close_old_connections()
             try:
                 verdict = execution.run_sync()
@@ -308,6 +327,7 @@ class Worker:
     async def _run_async(self, execution: Execution) -> None:
         if not self._start(execution):
             return
+        self._started(execution)
         verdict = await execution.run_async()
         self._finish(execution, verdict)
 
@@ -379,11 +399,23 @@ class Worker:
 
     def _write(self, pending: list[Verdict]) -> bool:
         try:
-            write_verdicts(self.database, self.name, pending)
+            applied = write_verdicts(self.database, self.name, pending)
         except DATABASE_ERRORS as error:
             self._database_lost(error)
             return False
         self._database_back()
+        for verdict in pending:
+            self._send(
+                signals.job_finished,
+                job_id=verdict.job.id,
+                kind=verdict.job.kind,
+                queue=verdict.job.queue,
+                attempt=verdict.job.attempt,
+                worker=self.name,
+                outcome=verdict.outcome if verdict.job.id in applied else JournalOutcome.DISCARDED,
+                duration=verdict.duration,
+                error_type=verdict.error.type,
+            )
         with self._lock:
             for verdict in pending:
                 self._held.pop(verdict.job.id, None)
@@ -527,9 +559,25 @@ class Worker:
                 return delay
         return RECONNECT_DELAYS[-1]
 
+    def _send(self, signal: Signal, **arguments: Any) -> None:
+        """Send a signal; a failing receiver is logged, never allowed to stop the worker."""
+        if not signal.has_listeners(Worker):
+            return
+        for receiver, result in signal.send_robust(Worker, **arguments):
+            if isinstance(result, Exception):
+                logger.error(
+                    "signal receiver %r failed for job %s: %s",
+                    receiver,
+                    arguments.get("job_id"),
+                    result,
+                    exc_info=result,
+                    extra={"worker": self.name, "job_id": arguments.get("job_id")},
+                )
+
     def _log_verdict(self, verdict: Verdict) -> None:
         job = verdict.job
         extra = self._extra(job, verdict.outcome)
+        extra["duration"] = verdict.duration
         if verdict.error.type and verdict.outcome != JournalOutcome.PAUSED:
             level = logging.ERROR if verdict.outcome == JournalOutcome.FAILED else logging.WARNING
             logger.log(

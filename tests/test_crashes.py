@@ -228,12 +228,6 @@ def test_a_sigkilled_workers_job_is_recovered_by_a_live_worker_after_its_lease(
 
 
 @pytest.mark.django_db(transaction=True, databases=["default"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker.py _claim_loop sleeps a whole poll interval (_wake.wait) without "
-    "looking at next_rescue, so an idle worker sweeps for expired leases only once per "
-    "poll interval, not every RESCUE_INTERVAL",
-)
 def test_an_idle_worker_with_a_long_poll_interval_still_recovers_on_time(
     workers: Workers,
 ) -> None:
