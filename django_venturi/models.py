@@ -21,7 +21,15 @@ class Job(models.Model):
     payload = models.JSONField(help_text="The task's dataclass fields as typed JSON.")
     carry = models.JSONField(null=True, blank=True, help_text="The checkpoint of a paused job.")
     # NULL, not "", means "no dedup key": the dedup unique index only covers keyed jobs.
-    dedup_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    dedup_key = models.CharField(  # noqa: DJ001
+        max_length=200, null=True, blank=True, help_text="What the task's dedup_key() returned."
+    )
+    merged_count = models.PositiveIntegerField(
+        db_default=0, help_text="Enqueues merged into this job by deduplication."
+    )
+    last_merged_at = models.DateTimeField(
+        null=True, blank=True, help_text="When an enqueue was last merged into this job."
+    )
     attempt = models.PositiveIntegerField(default=0, help_text="Runs started so far.")
     failures = models.PositiveIntegerField(
         default=0, help_text="Failed runs so far (counted against max_attempts)."
@@ -57,6 +65,12 @@ class Job(models.Model):
                 condition=Q(state=State.RUNNING),
             ),
             models.Index(fields=["kind", "state"], name="venturi_job_kind_state_idx"),
+            # A new job with a dedup key finds the running jobs of its key here.
+            models.Index(
+                fields=["kind", "dedup_key"],
+                name="venturi_job_dedup_running_idx",
+                condition=Q(state=State.RUNNING, dedup_key__isnull=False),
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -71,6 +85,17 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(failures__lte=models.F("attempt")),
                 name="venturi_job_failures_within_attempts",
+            ),
+            # Deduplication: one ready job per kind and key. Running jobs are not
+            # covered, which leaves room for one follow-up behind a running job
+            # (Merge.enqueue); a finished job leaves the index and frees its key.
+            models.UniqueConstraint(
+                fields=["kind", "dedup_key"],
+                name="venturi_job_dedup_ready_uniq",
+                condition=Q(state=State.READY, dedup_key__isnull=False),
+            ),
+            models.CheckConstraint(
+                condition=~Q(dedup_key=""), name="venturi_job_dedup_key_not_empty"
             ),
         ]
 
