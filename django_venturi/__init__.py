@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django_venturi.backoff import Fibonacci
 from django_venturi.codec import PayloadError, secret
 from django_venturi.context import Context
+from django_venturi.dedup import Existing, Merge
 from django_venturi.outcomes import Outcome, TaskError
 from django_venturi.registry import RegistrationError, UnknownKind
 from django_venturi.states import JournalOutcome, Priority, State
@@ -23,8 +24,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Context",
+    "Existing",
     "Fibonacci",
     "JournalOutcome",
+    "Merge",
     "Outcome",
     "PayloadError",
     "Priority",

@@ -6,7 +6,9 @@ the job) therefore cannot change the job: its verdict is recorded in the
 journal as `discarded` and nothing else happens.
 
 Many verdicts are written in one transaction (group commit); on PostgreSQL in
-one statement.
+one statement. A keyed job going back to `ready` first absorbs the ready
+follow-up of its key, if any (`dedup.fold_returning`), so that the write never
+breaks the one-ready-job-per-key index.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from django_venturi import dedup
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.verdicts import Verdict
@@ -97,15 +100,21 @@ def _write_postgresql(alias: str, worker: str, verdicts: Sequence[Verdict]) -> s
         "workers": [v.worker or worker for v in verdicts],
         "discarded": JournalOutcome.DISCARDED.value,
     }
-    with transaction.atomic(using=alias), connection.cursor() as cursor:
-        cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
-        rows = cursor.fetchall()
+    with transaction.atomic(using=alias):
+        written, folds = dedup.fold_returning(alias, verdicts)
+        if written != list(verdicts):
+            params["states"] = [v.state.value for v in written]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
+            rows = cursor.fetchall()
+        dedup.finish_folds(alias, folds)
     return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
 
 
 def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
     applied: set[int] = set()
     with transaction.atomic(using=alias):
+        verdicts, folds = dedup.fold_returning(alias, verdicts)
         now = timezone.now()
         entries = []
         existing = set(
@@ -151,4 +160,5 @@ def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]
                 )
             )
         JournalEntry.objects.using(alias).bulk_create(entries)
+        dedup.finish_folds(alias, folds)
     return applied

@@ -4,6 +4,8 @@ On PostgreSQL one statement inserts the rows and sends one NOTIFY per queue
 (delivered by PostgreSQL at commit, so a rolled-back enqueue wakes nobody). The
 payloads go in as arrays (`unnest`), so a batch is one round trip. Other
 databases use the ORM.
+
+Jobs with a dedup key take another path, one job at a time: see `dedup.py`.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_venturi.conf import venturi_settings
+from django_venturi.dedup import key_of
 from django_venturi.models import Job
 from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, validate_name
 from django_venturi.states import Priority, State
@@ -38,6 +41,9 @@ class NewJob:
     payload: dict[str, Any]
     run_at: datetime | None
     delay: timedelta | None
+    dedup_key: str | None = None
+    instance: object = None
+    """The task instance, for its `merge()` on a dedup clash."""
 
 
 def job_database(using: str | None) -> str:
@@ -74,16 +80,46 @@ def enqueue_many(
 
     Every payload is checked before anything is written: one bad payload raises
     and writes nothing. Returns the rows in the order given.
+
+    Jobs with a dedup key are written one by one after the others, each one
+    merged with the live job of its key (or with an earlier one of the batch).
     """
     new_jobs = [
         prepare(instance, delay=delay, run_at=run_at, priority=priority, queue=queue)
         for instance in instances
     ]
     alias = job_database(using)
-    jobs: list[Job] = []
-    for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
-        jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
-    return jobs
+    plain = [job for job in new_jobs if job.dedup_key is None]
+    if len(plain) == len(new_jobs):
+        jobs: list[Job] = []
+        for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
+            jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
+        return jobs
+    return _enqueue_mixed(alias, new_jobs)
+
+
+def _enqueue_mixed(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
+    from django_venturi import dedup
+
+    if len(new_jobs) == 1:
+        return [dedup.enqueue_keyed(alias, new_jobs[0])]
+    results: list[Job | None] = [None] * len(new_jobs)
+    plain = [index for index, job in enumerate(new_jobs) if job.dedup_key is None]
+    with transaction.atomic(using=alias):
+        for start in range(0, len(plain), INSERT_BATCH_SIZE):
+            chunk = plain[start : start + INSERT_BATCH_SIZE]
+            for index, job in zip(chunk, _insert(alias, [new_jobs[i] for i in chunk]), strict=True):
+                results[index] = job
+        # Keys in a stable order, so that two batches sharing keys lock them alike;
+        # duplicates within the batch keep their order and merge one after another.
+        keyed = sorted(
+            (index for index, job in enumerate(new_jobs) if job.dedup_key is not None),
+            key=lambda index: (new_jobs[index].kind, new_jobs[index].dedup_key or "", index),
+        )
+        dedup.lock_keys(alias, [(new_jobs[i].kind, new_jobs[i].dedup_key or "") for i in keyed])
+        for index in keyed:
+            results[index] = dedup.enqueue_keyed(alias, new_jobs[index])
+    return [job for job in results if job is not None]
 
 
 def prepare(
@@ -109,13 +145,16 @@ def prepare(
     chosen_priority = spec.priority if priority is None else priority
     if chosen_priority not in PRIORITY_VALUES:
         raise ValueError(f"priority must be a venturi.Priority, got {chosen_priority!r}")
+    payload = spec.encode(instance)
     return NewJob(
         kind=spec.kind,
         queue=chosen_queue,
         priority=int(chosen_priority),
-        payload=spec.encode(instance),
+        payload=payload,
         run_at=run_at,
         delay=delay,
+        dedup_key=key_of(spec, instance),
+        instance=instance,
     )
 
 
@@ -223,12 +262,59 @@ def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
             priority=job.priority,
             state=State.READY,
             payload=job.payload,
+            dedup_key=job.dedup_key,
             run_at=job.run_at or now + (job.delay or timedelta(0)),
             enqueued_at=now,
         )
         for job in new_jobs
     ]
     return Job.objects.using(alias).bulk_create(objects)
+
+
+_INSERT_KEYED_SQL = """
+    WITH inserted AS (
+        INSERT INTO {table}
+            (kind, queue, priority, state, payload, dedup_key, attempt, failures,
+             run_at, enqueued_at, claimed_by, last_error)
+        VALUES (%s, %s, %s, %s, %s::jsonb, %s, 0, 0,
+                coalesce(%s::timestamptz, now() + coalesce(%s::interval, interval '0')),
+                now(), '', '')
+        -- The arbiter is the partial unique index on ready jobs of a key.
+        ON CONFLICT (kind, dedup_key) WHERE state = 'ready' AND dedup_key IS NOT NULL
+        DO NOTHING
+        RETURNING id, queue, run_at, enqueued_at
+    ),
+    notified AS (SELECT pg_notify(%s, queue) FROM inserted)
+    SELECT id, run_at, enqueued_at, (SELECT count(*) FROM notified) FROM inserted
+"""
+
+
+def insert_keyed(alias: str, new_job: NewJob) -> Job | None:
+    """Insert one job with a dedup key; None if a ready job of its key is in the way."""
+    if connections[alias].vendor != "postgresql":
+        # SQLite: the caller's IMMEDIATE transaction holds the write lock and has
+        # just seen no ready job of this key, so nothing can be in the way.
+        (job,) = _insert_orm(alias, [new_job])
+        return job
+    connection = connections[alias]
+    sql = _INSERT_KEYED_SQL.format(table=connection.ops.quote_name(Job._meta.db_table))
+    params = [
+        new_job.kind,
+        new_job.queue,
+        new_job.priority,
+        State.READY.value,
+        json.dumps(new_job.payload),
+        new_job.dedup_key,
+        new_job.run_at,
+        new_job.delay,
+        venturi_settings.NOTIFY_CHANNEL,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)  # type: ignore[arg-type] # a timedelta is fine for psycopg
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return _loaded(alias, new_job, id=row[0], run_at=row[1], enqueued_at=row[2])
 
 
 def _loaded(alias: str, new_job: NewJob, **values: Any) -> Job:
@@ -238,6 +324,8 @@ def _loaded(alias: str, new_job: NewJob, **values: Any) -> Job:
         priority=new_job.priority,
         state=State.READY,
         payload=new_job.payload,
+        dedup_key=new_job.dedup_key,
+        merged_count=0,
         **values,
     )
     job._state.adding = False
