@@ -69,7 +69,7 @@ for alias, name in json.loads(os.environ.get("VENTURI_TEST_DATABASE_NAMES", "{}"
     DATABASES[alias]["NAME"] = name
 
 VENTURI = {
-    "TASK_MODULES": ["tests.testapp.scheduling_tasks"],
+    "TASK_MODULES": ["tests.testapp.scheduling_tasks", "tests.testapp.dedup_tasks"],
     "POLL_INTERVAL": 0.2,
     "RESCUE_INTERVAL": 0.5,
 }
