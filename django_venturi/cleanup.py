@@ -1,0 +1,77 @@
+"""`venturi.cleanup()`: delete finished jobs (and their journals) in small batches.
+
+Each batch is its own short transaction, so cleanup never holds locks for long
+nor builds one huge transaction, however many rows it deletes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from django.db import transaction
+
+from django_venturi.conf import venturi_settings
+from django_venturi.leases import database_now
+from django_venturi.models import Job, JournalEntry
+from django_venturi.states import FINISHED_STATES, State
+
+DEFAULT_BATCH_SIZE = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CleanupResult:
+    """What a cleanup deleted (or, with `dry_run`, would delete)."""
+
+    jobs: int
+    journal_entries: int
+    batches: int
+
+
+def cleanup(
+    *,
+    older_than: timedelta,
+    states: Iterable[State | str] = FINISHED_STATES,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dry_run: bool = False,
+    using: str | None = None,
+    progress: Callable[[CleanupResult], None] | None = None,
+) -> CleanupResult:
+    """Delete jobs that finished more than `older_than` ago in `states`, with their journals.
+
+    Only finished states are allowed: live jobs are never deleted. `progress`, if
+    given, is called after each batch with the running totals.
+    """
+    chosen = [State(state) for state in states]
+    live = [state for state in chosen if state not in FINISHED_STATES]
+    if live:
+        raise ValueError(f"cleanup deletes finished jobs only, not {', '.join(live)}")
+    if older_than < timedelta(0):
+        raise ValueError("older_than must not be negative")
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    alias = using or venturi_settings.DATABASE
+    old = Job.objects.using(alias).filter(
+        state__in=chosen, finished_at__lt=database_now(alias) - older_than
+    )
+    if dry_run:
+        return CleanupResult(
+            jobs=old.count(),
+            journal_entries=JournalEntry.objects.using(alias).filter(job__in=old).count(),
+            batches=0,
+        )
+    jobs = entries = batches = 0
+    while True:
+        with transaction.atomic(using=alias):
+            ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
+            if not ids:
+                break
+            # Re-check the conditions: a job retried meanwhile is no longer old.
+            _, deleted = old.filter(id__in=ids).delete()
+        jobs += deleted.get(Job._meta.label, 0)
+        entries += deleted.get(JournalEntry._meta.label, 0)
+        batches += 1
+        if progress is not None:
+            progress(CleanupResult(jobs, entries, batches))
+    return CleanupResult(jobs, entries, batches)

@@ -1,0 +1,78 @@
+"""`manage.py venturi_cleanup --older-than 7d`: delete old finished jobs in batches."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_venturi.cleanup import DEFAULT_BATCH_SIZE, CleanupResult, cleanup
+from django_venturi.management.commands.venturi_worker import positive_int
+from django_venturi.states import FINISHED_STATES, State
+
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def age(text: str) -> timedelta:
+    """`30d`, `12h`, `90m`, `45s`, `2w`."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected an age like 7d, 12h or 30m, got {text!r}")
+    return timedelta(**{UNITS[match[2]]: float(match[1])})
+
+
+def finished_states(text: str) -> list[State]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    allowed = {state.value for state in FINISHED_STATES}
+    bad = [name for name in names if name not in allowed]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"states must be among {', '.join(sorted(allowed))}, got {text!r}"
+        )
+    return [State(name) for name in names]
+
+
+class Command(BaseCommand):
+    help = "Delete finished jobs (and their journals) older than an age, in small batches."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--older-than", type=age, required=True, help="e.g. 7d, 12h, 30m.")
+        parser.add_argument(
+            "--state",
+            type=finished_states,
+            default=list(FINISHED_STATES),
+            help="Comma-separated finished states (default: completed,failed,cancelled).",
+        )
+        parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
+        parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
+        parser.add_argument("--database", default=None, help="Database alias holding the jobs.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        on_terminal = sys.stdout.isatty()
+
+        def progress(so_far: CleanupResult) -> None:
+            message = f"{so_far.jobs} jobs, {so_far.journal_entries} journal entries deleted"
+            if on_terminal:
+                self.stdout.write(f"\r{message}", ending="")
+            elif so_far.batches % 10 == 0:
+                self.stdout.write(message)
+
+        result = cleanup(
+            older_than=options["older_than"],
+            states=options["state"],
+            batch_size=options["batch_size"],
+            dry_run=options["dry_run"],
+            using=options["database"],
+            progress=progress,
+        )
+        if on_terminal and result.batches:
+            self.stdout.write("")
+        verb = "would delete" if options["dry_run"] else "deleted"
+        self.stdout.write(
+            f"{verb} {result.jobs} jobs and {result.journal_entries} journal entries"
+            + ("" if options["dry_run"] else f" in {result.batches} batches")
+        )

@@ -1,0 +1,169 @@
+"""`venturi.stats()`: one live snapshot of the queue, cheap enough to take every few seconds.
+
+Live jobs (ready, running) are counted through the partial indexes that cover
+only them, and throughput comes from the journal's index on `finished_at`, so
+the cost follows the live backlog and the last hour, not the table's size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, Min
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from django_venturi.conf import venturi_settings
+from django_venturi.models import Job, JournalEntry
+from django_venturi.states import JournalOutcome, State
+
+WINDOW = timedelta(hours=1)
+FAILING = (JournalOutcome.RETRY, JournalOutcome.FAILED, JournalOutcome.LEASE_EXPIRED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Minute:
+    """Executions that finished in one minute."""
+
+    start: datetime
+    completed: int
+    failed: int
+    """Runs that failed: retried, failed for good, or lost with their worker."""
+    other: int
+    """Paused, released, cancelled or discarded runs."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of the queue at `taken_at` (database time)."""
+
+    taken_at: datetime
+    live: dict[tuple[str, str, str], int]
+    """(state, kind, queue) -> jobs, for `ready` and `running`."""
+    due: dict[str, int]
+    """queue -> ready jobs whose `run_at` has come."""
+    oldest_due_age: dict[str, timedelta]
+    """queue -> how long its oldest due job has waited (the queue's latency)."""
+    minutes: list[Minute]
+    """The last hour, one entry per minute, oldest first."""
+
+    @property
+    def ready(self) -> int:
+        return sum(n for (state, _, _), n in self.live.items() if state == State.READY)
+
+    @property
+    def running(self) -> int:
+        return sum(n for (state, _, _), n in self.live.items() if state == State.RUNNING)
+
+    @property
+    def completed_last_hour(self) -> int:
+        return sum(minute.completed for minute in self.minutes)
+
+    @property
+    def failed_last_hour(self) -> int:
+        return sum(minute.failed for minute in self.minutes)
+
+    @property
+    def failure_rate(self) -> float:
+        """Failed runs over all completed and failed runs in the last hour (0 when none)."""
+        total = self.completed_last_hour + self.failed_last_hour
+        return self.failed_last_hour / total if total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (for `venturi_stats --json`)."""
+        return {
+            "taken_at": self.taken_at.isoformat(),
+            "ready": self.ready,
+            "running": self.running,
+            "live": [
+                {"state": state, "kind": kind, "queue": queue, "jobs": n}
+                for (state, kind, queue), n in sorted(self.live.items())
+            ],
+            "due": self.due,
+            "oldest_due_age_seconds": {
+                queue: age.total_seconds() for queue, age in self.oldest_due_age.items()
+            },
+            "completed_last_hour": self.completed_last_hour,
+            "failed_last_hour": self.failed_last_hour,
+            "failure_rate": self.failure_rate,
+            "minutes": [
+                {
+                    "start": minute.start.isoformat(),
+                    "completed": minute.completed,
+                    "failed": minute.failed,
+                    "other": minute.other,
+                }
+                for minute in self.minutes
+            ],
+        }
+
+
+def stats(*, using: str | None = None) -> Stats:
+    """Take a snapshot: live counts, due backlog and latency per queue, the last hour's runs."""
+    alias = using or venturi_settings.DATABASE
+    now = _now(alias)
+    jobs = Job.objects.using(alias)
+    live = {
+        (row["state"], row["kind"], row["queue"]): row["jobs"]
+        for row in jobs.filter(state__in=[State.READY, State.RUNNING])
+        .values("state", "kind", "queue")
+        .annotate(jobs=Count("id"))
+        .order_by()
+    }
+    due_rows = (
+        jobs.filter(state=State.READY, run_at__lte=now)
+        .values("queue")
+        .annotate(jobs=Count("id"), oldest=Min("run_at"))
+        .order_by()
+    )
+    return Stats(
+        taken_at=now,
+        live=live,
+        due={row["queue"]: row["jobs"] for row in due_rows},
+        oldest_due_age={row["queue"]: max(now - row["oldest"], timedelta(0)) for row in due_rows},
+        minutes=_minutes(alias, now),
+    )
+
+
+def _now(alias: str) -> datetime:
+    """The database's clock (this host's on SQLite, which is the same clock)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        row = cursor.fetchone()
+    assert row is not None and isinstance(row[0], datetime)
+    return row[0]
+
+
+def _minutes(alias: str, now: datetime) -> list[Minute]:
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - WINDOW
+    rows = (
+        JournalEntry.objects.using(alias)
+        .filter(finished_at__gte=start, finished_at__lt=end)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute", "outcome")
+        .annotate(runs=Count("id"))
+        .order_by()
+    )
+    buckets = {
+        start + timedelta(minutes=i): [0, 0, 0] for i in range(int(WINDOW / timedelta(minutes=1)))
+    }
+    for row in rows:
+        counts = buckets.get(row["minute"])
+        if counts is None:
+            continue
+        column = (
+            0
+            if row["outcome"] == JournalOutcome.COMPLETED
+            else 1
+            if row["outcome"] in FAILING
+            else 2
+        )
+        counts[column] += row["runs"]
+    return [Minute(minute, *counts) for minute, counts in sorted(buckets.items())]

@@ -1,0 +1,145 @@
+"""Operations API: history(), stats(), cleanup() and their commands."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+import django_venturi as venturi
+from django_venturi.cleanup import cleanup
+from django_venturi.history import history
+from django_venturi.models import Job, JournalEntry
+from django_venturi.stats import stats
+from django_venturi.worker import Worker
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+
+def run_burst(alias: str) -> None:
+    Worker(burst=True, database=alias, concurrency=4, poll_interval=0.05).run()
+
+
+def test_history_filters_by_kind_state_outcome_and_time(alias: str) -> None:
+    flaky = tasks.Flaky(failures=1).enqueue(using=alias)
+    tasks.Permanent().enqueue(using=alias)
+    tasks.Noop(n=1).enqueue(using=alias)
+    begun = timezone.now() - timedelta(seconds=1)
+    run_burst(alias)
+    everything = history(using=alias)
+    assert everything.count() == 4
+    assert [e.outcome for e in history(kind="tests.flaky", using=alias).reverse()] == [
+        "retry",
+        "completed",
+    ]
+    assert {e.job.kind for e in history(state=venturi.State.FAILED, using=alias)} == {
+        "tests.permanent"
+    }
+    assert history(outcome="retry", using=alias).get().job_id == flaky.pk
+    assert history(since=begun, using=alias).count() == 4
+    assert history(until=begun, using=alias).count() == 0
+
+
+def test_stats_counts_live_jobs_latency_and_the_last_hour(alias: str) -> None:
+    tasks.Noop(n=1).enqueue(using=alias)
+    tasks.Permanent().enqueue(using=alias)
+    run_burst(alias)
+    venturi.enqueue_many([tasks.Noop(n=i) for i in range(3)], queue="mail", using=alias)
+    tasks.Noop(n=9).enqueue(delay=timedelta(hours=1), using=alias)
+    snapshot = stats(using=alias)
+    assert snapshot.ready == 4 and snapshot.running == 0
+    assert snapshot.live == {
+        ("ready", "tests.noop", "mail"): 3,
+        ("ready", "tests.noop", "default"): 1,
+    }
+    assert snapshot.due == {"mail": 3}  # the delayed one is not due
+    assert timedelta(0) <= snapshot.oldest_due_age["mail"] < timedelta(seconds=30)
+    assert (snapshot.completed_last_hour, snapshot.failed_last_hour) == (1, 1)
+    assert snapshot.failure_rate == 0.5
+    assert len(snapshot.minutes) == 60
+    data = snapshot.as_dict()
+    assert json.loads(json.dumps(data))["ready"] == 4
+
+
+def test_venturi_stats_command(alias: str) -> None:
+    tasks.Noop(n=1).enqueue(using=alias)
+    out = io.StringIO()
+    call_command("venturi_stats", "--database", alias, stdout=out)
+    assert "1 ready, 0 running" in out.getvalue()
+    out = io.StringIO()
+    call_command("venturi_stats", "--json", "--database", alias, stdout=out)
+    assert json.loads(out.getvalue())["ready"] == 1
+
+
+def test_cleanup_deletes_old_finished_jobs_only(alias: str) -> None:
+    tasks.Noop(n=1).enqueue(using=alias)
+    tasks.Permanent().enqueue(using=alias)
+    run_burst(alias)
+    live = tasks.Noop(n=2).enqueue(using=alias)
+    assert cleanup(older_than=timedelta(hours=1), using=alias).jobs == 0  # not old enough
+    Job.objects.using(alias).exclude(pk=live.pk).update(
+        finished_at=timezone.now() - timedelta(days=2)
+    )
+    dry = cleanup(older_than=timedelta(days=1), dry_run=True, using=alias)
+    assert (dry.jobs, dry.journal_entries) == (2, 2)
+    only_failed = cleanup(older_than=timedelta(days=1), states=["failed"], using=alias)
+    assert (only_failed.jobs, only_failed.journal_entries) == (1, 1)
+    rest = cleanup(older_than=timedelta(days=1), batch_size=1, using=alias)
+    assert (rest.jobs, rest.batches) == (1, 1)
+    assert list(Job.objects.using(alias).values_list("pk", flat=True)) == [live.pk]
+    with pytest.raises(ValueError, match="finished jobs only"):
+        cleanup(older_than=timedelta(0), states=["ready"], using=alias)
+
+
+def test_venturi_cleanup_command(alias: str) -> None:
+    tasks.Noop(n=1).enqueue(using=alias)
+    run_burst(alias)
+    Job.objects.using(alias).update(finished_at=timezone.now() - timedelta(days=8))
+    out = io.StringIO()
+    call_command(
+        "venturi_cleanup", "--older-than", "7d", "--dry-run", "--database", alias, stdout=out
+    )
+    assert "would delete 1 jobs and 1 journal entries" in out.getvalue()
+    out = io.StringIO()
+    call_command("venturi_cleanup", "--older-than", "7d", "--database", alias, stdout=out)
+    assert "deleted 1 jobs and 1 journal entries in 1 batches" in out.getvalue()
+    assert not Job.objects.using(alias).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cleanup_of_50000_rows_keeps_each_batch_short() -> None:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    journal = connection.ops.quote_name(JournalEntry._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO {table} (kind, queue, priority, state, payload, attempt, failures,
+                    run_at, enqueued_at, finished_at, claimed_by, last_error)
+                SELECT 'tests.noop', 'default', 1, 'completed', '{{"n": 0}}', 1, 0,
+                       now() - interval '9 days', now() - interval '9 days',
+                       now() - interval '8 days', '', ''
+                FROM generate_series(1, 50000)"""
+        )
+        cursor.execute(
+            f"""INSERT INTO {journal} (job_id, attempt, worker, started_at, finished_at, outcome,
+                    error_type, error_message, traceback)
+                SELECT id, 1, 'w', finished_at, finished_at, 'completed', '', '', ''
+                FROM {table}"""
+        )
+    marks = [time.monotonic()]
+    result = cleanup(
+        older_than=timedelta(days=7),
+        batch_size=2000,
+        progress=lambda _: marks.append(time.monotonic()),
+    )
+    assert (result.jobs, result.journal_entries, result.batches) == (50000, 50000, 25)
+    longest = max(later - earlier for earlier, later in itertools.pairwise(marks))
+    assert longest < 1.0, f"a batch took {longest:.2f} s"
+    assert not Job.objects.exists()
