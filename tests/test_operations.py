@@ -14,10 +14,10 @@ from django.db import connection
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi.cleanup import cleanup
-from django_venturi.history import history
+from django_venturi.journal import history
 from django_venturi.models import Job, JournalEntry
-from django_venturi.stats import stats
+from django_venturi.retention import cleanup
+from django_venturi.snapshot import stats
 from django_venturi.worker import Worker
 from tests.testapp import tasks
 
@@ -46,6 +46,7 @@ def test_history_filters_by_kind_state_outcome_and_time(alias: str) -> None:
     assert history(outcome="retry", using=alias).get().job_id == flaky.pk
     assert history(since=begun, using=alias).count() == 4
     assert history(until=begun, using=alias).count() == 0
+    assert venturi.history(kind="tests.noop", using=alias).count() == 1  # the public name
 
 
 def test_stats_counts_live_jobs_latency_and_the_last_hour(alias: str) -> None:
@@ -65,6 +66,7 @@ def test_stats_counts_live_jobs_latency_and_the_last_hour(alias: str) -> None:
     assert (snapshot.completed_last_hour, snapshot.failed_last_hour) == (1, 1)
     assert snapshot.failure_rate == 0.5
     assert len(snapshot.minutes) == 60
+    assert venturi.stats(using=alias).ready == 4
     data = snapshot.as_dict()
     assert json.loads(json.dumps(data))["ready"] == 4
 
@@ -88,7 +90,7 @@ def test_cleanup_deletes_old_finished_jobs_only(alias: str) -> None:
     Job.objects.using(alias).exclude(pk=live.pk).update(
         finished_at=timezone.now() - timedelta(days=2)
     )
-    dry = cleanup(older_than=timedelta(days=1), dry_run=True, using=alias)
+    dry = venturi.cleanup(older_than=timedelta(days=1), dry_run=True, using=alias)
     assert (dry.jobs, dry.journal_entries) == (2, 2)
     only_failed = cleanup(older_than=timedelta(days=1), states=["failed"], using=alias)
     assert (only_failed.jobs, only_failed.journal_entries) == (1, 1)

@@ -10,8 +10,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_venturi.cleanup import DEFAULT_BATCH_SIZE, CleanupResult, cleanup
 from django_venturi.management.commands.venturi_worker import positive_int
+from django_venturi.retention import DEFAULT_BATCH_SIZE, CleanupResult, cleanup
 from django_venturi.states import FINISHED_STATES, State
 
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_venturi.management.commands.venturi_worker import positive_seconds
-from django_venturi.stats import Stats, stats
+from django_venturi.snapshot import Stats, stats
 
 
 class Command(BaseCommand):
