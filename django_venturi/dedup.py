@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -268,16 +269,31 @@ def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
         )
 
 
+_LIVE_SQL = """
+SELECT * FROM {table}
+WHERE kind = %s AND dedup_key = %s AND state IN ('ready', 'running')
+-- The ready job if there is one (a follow-up behind a running job), else the newest running.
+ORDER BY state = 'ready' DESC, id DESC
+LIMIT 1
+-- A row that is claimed or finished while this waits for its lock is seen as it is
+-- then: running, or skipped (the next candidate takes its place).
+FOR UPDATE
+"""
+
+
 def _live_first(alias: str, kind: str, key: str) -> Job | None:
     """The live job a new one clashes with, row-locked: the ready one, else the newest running."""
     from django_venturi.models import Job
 
+    if connections[alias].vendor == "postgresql":
+        table = connections[alias].ops.quote_name(Job._meta.db_table)
+        found = list(Job.objects.db_manager(alias).raw(_LIVE_SQL.format(table=table), [kind, key]))
+        return found[0] if found else None
     ready_first = Case(
         When(state=State.READY, then=Value(0)), default=Value(1), output_field=IntegerField()
     )
     return (
         Job.objects.using(alias)
-        .select_for_update()
         .filter(kind=kind, dedup_key=key, state__in=LIVE_STATES)
         .order_by(ready_first, "-id")
         .first()
@@ -310,9 +326,66 @@ def _enqueue_keyed(alias: str, new_job: NewJob) -> Job:
 
 
 def _apply(alias: str, spec: TaskSpec, new_job: NewJob, job: Job, decision: Merge) -> Job:
+    payload = new_payload(spec, new_job.instance, decision)
+    if connections[alias].vendor == "postgresql":
+        _apply_postgresql(alias, job, payload, decision)
+    else:
+        _apply_orm(alias, job, payload, decision)
+    logger.debug(
+        "merged a %s enqueue into job %d (%s)",
+        job.kind,
+        job.pk,
+        decision.kind.value,
+        extra={"job_id": job.pk, "kind": job.kind, "merge": decision.kind.value},
+    )
+    return job
+
+
+_MERGE_SQL = """
+WITH merged AS (
+    UPDATE {table}
+    SET merged_count = merged_count + 1,
+        last_merged_at = now(),
+        payload = coalesce(%s::jsonb, payload),
+        run_at = coalesce(%s::timestamptz, run_at),
+        priority = coalesce(%s::smallint, priority)
+    WHERE id = %s
+    RETURNING payload, run_at, priority, merged_count, last_merged_at, state, queue
+),
+-- A ready job may have become due sooner: wake the workers at commit.
+notified AS (SELECT pg_notify(%s, queue) FROM merged WHERE state = 'ready')
+SELECT payload, run_at, priority, merged_count, last_merged_at, (SELECT count(*) FROM notified)
+FROM merged
+"""
+
+
+def _apply_postgresql(
+    alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge
+) -> None:
+    from django_venturi.conf import venturi_settings
     from django_venturi.models import Job
 
-    payload = new_payload(spec, new_job.instance, decision)
+    connection = connections[alias]
+    sql = _MERGE_SQL.format(table=connection.ops.quote_name(Job._meta.db_table))
+    params = [
+        None if payload is None else json.dumps(payload),
+        decision.run_at,
+        None if decision.priority is None else int(decision.priority),
+        job.pk,
+        venturi_settings.NOTIFY_CHANNEL,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    assert row is not None  # the row is locked by this transaction
+    stored = row[0]
+    job.payload = json.loads(stored) if isinstance(stored, str) else stored
+    job.run_at, job.priority, job.merged_count, job.last_merged_at = row[1:5]
+
+
+def _apply_orm(alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge) -> None:
+    from django_venturi.models import Job
+
     changes: dict[str, Any] = {"merged_count": F("merged_count") + 1, "last_merged_at": Now()}
     if payload is not None:
         changes["payload"] = payload
@@ -324,23 +397,6 @@ def _apply(alias: str, spec: TaskSpec, new_job: NewJob, job: Job, decision: Merg
     job.refresh_from_db(
         using=alias, fields=["payload", "run_at", "priority", "merged_count", "last_merged_at"]
     )
-    if job.state == State.READY and connections[alias].vendor == "postgresql":
-        _notify(alias, job.queue)
-    logger.debug(
-        "merged a %s enqueue into job %d (%s)",
-        job.kind,
-        job.pk,
-        decision.kind.value,
-        extra={"job_id": job.pk, "kind": job.kind, "merge": decision.kind.value},
-    )
-    return job
-
-
-def _notify(alias: str, queue: str) -> None:
-    from django_venturi.conf import venturi_settings
-
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [venturi_settings.NOTIFY_CHANNEL, queue])
 
 
 # ---------------------------------------------------------------- workers
