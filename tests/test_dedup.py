@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -23,7 +24,7 @@ from django_venturi.scheduling import TierClock
 from django_venturi.states import LIVE_STATES
 from tests.conftest import ROOT, wait_until, worker_env
 from tests.testapp import dedup_tasks
-from tests.testapp.dedup_tasks import BadKey, Decides, Latest, Once, Recompute
+from tests.testapp.dedup_tasks import BadKey, Decides, Latest, Once, PausingRecompute, Recompute
 from tests.testapp.models import Record
 from tests.testapp.tasks import Noop
 
@@ -547,3 +548,26 @@ def test_concurrent_producers_and_a_worker_lose_no_enqueue(workers: object) -> N
     wait_until(lambda: not live(alias), timeout=60, message="the worker to drain")
     counts = [record.value["count"] for record in Record.objects.using(alias).all()]
     assert sum(counts) == PRODUCERS * ENQUEUES_EACH
+
+
+def test_pausing_jobs_with_follow_ups_under_producers_lose_nothing(
+    alias: str, workers: object
+) -> None:
+    """Real workers pause keyed jobs while producers queue follow-ups: no verdict fails."""
+    PausingRecompute(account="p0").enqueue(using=alias)
+    workers.start(alias, "--concurrency", "4")  # type: ignore[attr-defined]
+    wait_until(
+        lambda: Job.objects.using(alias).filter(attempt__gt=0).exists(),
+        message="the worker to start",
+    )
+
+    def slowly(i: int) -> PausingRecompute:
+        time.sleep(0.005)  # spread the enqueues over the runs and pauses
+        return PausingRecompute(account=f"p{i % 2}")
+
+    run_threads(alias, slowly)
+    wait_until(lambda: not live(alias), timeout=90, message="the worker to drain")
+    counts = [record.value["count"] for record in Record.objects.using(alias).all()]
+    assert sum(counts) == 1 + PRODUCERS * ENQUEUES_EACH
+    log = workers.log()  # type: ignore[attr-defined]
+    assert "IntegrityError" not in log and "Traceback" not in log, log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import datetime
 
 import django_venturi as venturi
@@ -119,4 +120,32 @@ class BadKey(venturi.Task):
         return self.key  # type: ignore[return-value]
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.pausing_recompute", carry=int)
+@dataclasses.dataclass
+class PausingRecompute(venturi.Task):
+    """A `Recompute` that pauses `steps` times before it completes."""
+
+    account: str
+    count: int = 1
+    steps: int = 3
+
+    def dedup_key(self) -> str | None:
+        return self.account
+
+    def merge(self, existing: venturi.Existing[PausingRecompute]) -> venturi.Merge:
+        if existing.state == venturi.State.RUNNING:
+            return venturi.Merge.enqueue()
+        return venturi.Merge.update(
+            dataclasses.replace(existing.payload, count=existing.payload.count + self.count)
+        )
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        done = ctx.carry or 0
+        if done < self.steps:
+            time.sleep(0.01)
+            return venturi.Outcome.paused(done + 1)
+        record(ctx, "pausing_recompute", {"account": self.account, "count": self.count})
         return venturi.Outcome.completed()
