@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Count, F, Min
+from django.db.models import Count, Exists, F, Min, OuterRef, Q
 from django.utils import timezone
 
 from django_venturi.models import Job
@@ -182,6 +182,11 @@ pool AS (
         SELECT id, kind, priority, run_at FROM {table}
         WHERE state = 'ready' AND queue = served.queue AND priority = tiers.priority
           AND run_at <= now() AND kind = ANY((SELECT kinds FROM eligible)::text[])
+          -- A dedup follow-up waits behind the running job of its key.
+          AND (dedup_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM {table} AS ahead
+                WHERE ahead.state = 'running' AND ahead.kind = {table}.kind
+                  AND ahead.dedup_key = {table}.dedup_key))
         ORDER BY run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -296,7 +301,14 @@ def _claim_orm(
         now = timezone.now()
         room = _room_orm(alias, request.limits)
         kinds = [kind for kind in request.kinds if room.get(kind, 1) > 0]
-        due = Job.objects.using(alias).filter(state=State.READY, run_at__lte=now, kind__in=kinds)
+        running_same_key = Job.objects.using(alias).filter(
+            state=State.RUNNING, kind=OuterRef("kind"), dedup_key=OuterRef("dedup_key")
+        )
+        due = (
+            Job.objects.using(alias)
+            .filter(state=State.READY, run_at__lte=now, kind__in=kinds)
+            .exclude(Q(dedup_key__isnull=False) & Exists(running_same_key))
+        )
         if request.queues is not None:
             due = due.filter(queue__in=list(request.queues))
         candidates: list[tuple[float, int, int, str]] = []
