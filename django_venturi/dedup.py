@@ -31,6 +31,7 @@ from django.db.models import Case, F, IntegerField, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from django_venturi.clock import database_time
 from django_venturi.registry import TaskSpec, UnknownKind, registry
 from django_venturi.states import LIVE_STATES, Priority, State
 
@@ -441,7 +442,7 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
         return list(verdicts), []
     keys = sorted({(kind, key) for _, kind, key in keyed if key is not None})
     lock_keys(alias, keys)
-    now = _database_now(alias)
+    now = database_time(alias)
     # The jobs whose verdict will apply: still running under the claim token.
     locked = {
         job.pk: job
@@ -549,15 +550,3 @@ def finish_folds(alias: str, folds: Sequence[Fold]) -> None:
         Job.objects.using(alias).filter(pk__in=fold.absorbed, state=State.CANCELLED).update(
             last_error=f"merged into job #{fold.survivor} when it went back to ready"
         )
-
-
-def _database_now(alias: str) -> datetime:
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        row = cursor.fetchone()
-    assert row is not None
-    value: datetime = row[0]
-    return value

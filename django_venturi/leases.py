@@ -14,14 +14,12 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
 
-from django.db import connections, transaction
-from django.db.models.functions import Now
-from django.utils import timezone
+from django.db import transaction
 
 from django_venturi import verdicts
 from django_venturi.claim import ClaimedJob
+from django_venturi.clock import now_expression
 from django_venturi.completion import write_verdicts
 from django_venturi.models import Job
 from django_venturi.registry import UnknownKind, registry
@@ -29,15 +27,6 @@ from django_venturi.states import JournalOutcome, State
 from django_venturi.verdicts import ErrorInfo
 
 RECOVERY_BATCH_SIZE = 100
-
-
-def database_now(alias: str) -> Any:
-    """`now()` of the database where it has one that Django can compare with.
-
-    SQLite stores datetimes as text in Django's format, so it is compared with
-    this host's clock, which is SQLite's own clock: SQLite is single-host.
-    """
-    return Now() if connections[alias].vendor == "postgresql" else timezone.now()
 
 
 def extend(alias: str, jobs: Iterable[ClaimedJob]) -> set[int]:
@@ -48,7 +37,7 @@ def extend(alias: str, jobs: Iterable[ClaimedJob]) -> set[int]:
     held: set[int] = set()
     for (token, lease), ids in groups.items():
         fenced = Job.objects.using(alias).filter(id__in=ids, claim_token=token, state=State.RUNNING)
-        updated = fenced.update(lease_expires_at=database_now(alias) + lease)
+        updated = fenced.update(lease_expires_at=now_expression(alias) + lease)
         if updated == len(ids):
             held.update(ids)
         else:
@@ -67,7 +56,7 @@ def recover_expired(alias: str, worker: str) -> list[int]:
         expired = list(
             Job.objects.using(alias)
             .select_for_update(skip_locked=True)
-            .filter(state=State.RUNNING, lease_expires_at__lt=database_now(alias))
+            .filter(state=State.RUNNING, lease_expires_at__lt=now_expression(alias))
             .order_by("lease_expires_at")[:RECOVERY_BATCH_SIZE]
         )
         lost = [_lost_run(job) for job in expired]

@@ -12,8 +12,8 @@ from datetime import timedelta
 
 from django.db import transaction
 
+from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
-from django_venturi.leases import database_now
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, State
 
@@ -53,7 +53,7 @@ def cleanup(
         raise ValueError("batch_size must be at least 1")
     alias = using or venturi_settings.DATABASE
     old = Job.objects.using(alias).filter(
-        state__in=chosen, finished_at__lt=database_now(alias) - older_than
+        state__in=chosen, finished_at__lt=now_expression(alias) - older_than
     )
     if dry_run:
         return CleanupResult(

@@ -11,11 +11,10 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
 from django.db.models import Count, Min
 from django.db.models.functions import TruncMinute
-from django.utils import timezone
 
+from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import JournalOutcome, State
@@ -104,7 +103,7 @@ class Stats:
 def stats(*, using: str | None = None) -> Stats:
     """Take a snapshot: live counts, due backlog and latency per queue, the last hour's runs."""
     alias = using or venturi_settings.DATABASE
-    now = _now(alias)
+    now = database_time(alias)
     jobs = Job.objects.using(alias)
     live = {
         (row["state"], row["kind"], row["queue"]): row["jobs"]
@@ -126,18 +125,6 @@ def stats(*, using: str | None = None) -> Stats:
         oldest_due_age={row["queue"]: max(now - row["oldest"], timedelta(0)) for row in due_rows},
         minutes=_minutes(alias, now),
     )
-
-
-def _now(alias: str) -> datetime:
-    """The database's clock (this host's on SQLite, which is the same clock)."""
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        row = cursor.fetchone()
-    assert row is not None and isinstance(row[0], datetime)
-    return row[0]
 
 
 def _minutes(alias: str, now: datetime) -> list[Minute]:

@@ -12,6 +12,7 @@ from django.db import connection, connections
 import django_venturi as venturi
 from django_venturi import completion, leases, verdicts
 from django_venturi.claim import ClaimRequest, claim
+from django_venturi.clock import now_expression
 from django_venturi.models import Job
 from django_venturi.registry import registry
 from django_venturi.scheduling import TierClock
@@ -113,11 +114,11 @@ def test_a_verdict_from_a_stale_claim_is_discarded(alias: str) -> None:
     (stale,) = claim(alias, request(), TierClock((6, 3, 1)))
     # The lease runs out and another worker recovers, then reclaims the job.
     Job.objects.using(alias).filter(pk=stale.id).update(
-        lease_expires_at=leases.database_now(alias) - timedelta(seconds=1)
+        lease_expires_at=now_expression(alias) - timedelta(seconds=1)
     )
     assert leases.recover_expired(alias, "rescuer") == [stale.id]
     Job.objects.using(alias).filter(pk=stale.id).update(
-        run_at=leases.database_now(alias)
+        run_at=now_expression(alias)
     )  # skip backoff
     (fresh,) = claim(alias, request(worker="w2"), TierClock((6, 3, 1)))
     assert fresh.id == stale.id and fresh.claim_token != stale.claim_token

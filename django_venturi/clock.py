@@ -1,0 +1,32 @@
+"""Database time: what every process compares `run_at`, leases and ages against.
+
+PostgreSQL's `now()` is the one clock all workers share. SQLite stores
+datetimes as text in Django's format and has no clock Django can compare with,
+so there this host's clock stands in: SQLite is single-host, so it is the same
+clock for every process anyway.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connections
+from django.db.models.functions import Now
+from django.utils import timezone
+
+
+def now_expression(alias: str) -> Now | datetime:
+    """`now()` for ORM filters and updates (a value on SQLite)."""
+    return Now() if connections[alias].vendor == "postgresql" else timezone.now()
+
+
+def database_time(alias: str) -> datetime:
+    """The current database time, as a value."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        row = cursor.fetchone()
+    assert row is not None and isinstance(row[0], datetime)
+    return row[0]
