@@ -7,6 +7,8 @@ Timing starts after Django is set up and the first connection is made.
   single  N `SinkJob(i=i).enqueue()` calls in autocommit (W1)
   bulk    one `venturi.enqueue_many([...])` call inside `transaction.atomic()` (W1b)
   wake    the W3 probe, then 200 jobs on an absolute 20 ms schedule, one transaction each
+  dedup   one of W7's concurrent producers: sleep until --start (a time.time() value),
+          then N `CountJob(key=i % KEYS).enqueue()` calls in autocommit
 """
 
 from __future__ import annotations
@@ -76,19 +78,38 @@ def wake(count: int, interval: float, sink_path: str, settle: float, wait: float
     )
 
 
+def dedup(n: int, keys: int, start: float) -> dict[str, float | int]:
+    from django.db import connection
+
+    from benchmarks.bench_project.benchapp.tasks import CountJob
+
+    assert connection.get_autocommit()
+    ready = time.time()  # set up and connected: the barrier is only fair if this is before start
+    time.sleep(max(0.0, start - time.time()))
+    t_begin = time.time()
+    for i in range(n):
+        CountJob(key=i % keys).enqueue()
+    t_end = time.time()
+    return {"n": n, "ready": ready, "t_begin": t_begin, "t_end": t_end}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=["single", "bulk", "wake"])
+    parser.add_argument("mode", choices=["single", "bulk", "wake", "dedup"])
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--interval", type=float, default=0.020)
     parser.add_argument("--settle", type=float, default=1.0)
     parser.add_argument("--wait", type=float, default=15.0)
+    parser.add_argument("--keys", type=int, default=10)
+    parser.add_argument("--start", type=float, default=0.0)
     args = parser.parse_args(argv)
     _setup()
     if args.mode == "single":
         result = single(args.n)
     elif args.mode == "bulk":
         result = bulk(args.n)
+    elif args.mode == "dedup":
+        result = dedup(args.n, args.keys, args.start)
     else:
         result = wake(
             args.n, args.interval, os.environ["VENTURI_BENCH_SINK"], args.settle, args.wait

@@ -1,4 +1,4 @@
-"""django-venturi benchmark suite: WORKLOAD.md's W1, W1b, W2a, W2b, W3 and the W4 limit.
+"""django-venturi benchmark suite: WORKLOAD.md's W1, W1b, W2a, W2b, W3, the W4 limit, and W7.
 
     python benchmarks/run.py            # full run (N=10,000, every sequence twice)
     python benchmarks/run.py --quick    # CI smoke test (N=100, once): exits 1 if a check fails
@@ -7,6 +7,7 @@
 Every phase runs in a freshly created database (dropped at the end) whose schema
 `manage.py migrate` installs (the W4 limit: its one CREATE TABLE). Prints one
 markdown table and writes it to benchmarks/results/latest.md; see README.md.
+W7 (dedup under contention) is this suite's own: 8 producers enqueue keyed jobs at once.
 """
 
 from __future__ import annotations
@@ -107,7 +108,19 @@ QUICK_GRID = [Cell(1, 32, 100, 0), Cell(2, 32, 100, 0)]
 
 LIMIT_DRAINS = [("claim1", 1), ("batch100", 1), ("batch100", 2)]
 
-WORKLOADS = ("w4", "w1", "w2a", "w1b", "w2b", "w3")
+WORKLOADS = ("w4", "w1", "w2a", "w1b", "w2b", "w3", "w7")
+
+# W7: producers x enqueues each over DEDUP_KEYS keys (key = i % DEDUP_KEYS).
+DEDUP_PRODUCERS = 8
+DEDUP_PER_PRODUCER = 250
+QUICK_DEDUP_PER_PRODUCER = 13
+DEDUP_KEYS = 10
+DEDUP_TIMEOUT = 300.0
+
+
+def dedup_margin(producers: int) -> float:
+    """Seconds from spawning the W7 producers to their common start: time to set up Django."""
+    return 2.0 + 0.75 * producers
 
 
 @dataclasses.dataclass
@@ -122,6 +135,7 @@ class Options:
     dsn_base: dict[str, str]
     quick: bool
     output: Path
+    dedup_per_producer: int = DEDUP_PER_PRODUCER
     run: int = 0
     """The repetition being run (0-based): names the log and sink files."""
 
@@ -192,6 +206,42 @@ class Wake:
 
 
 @dataclasses.dataclass
+class Dedup:
+    """W7: concurrent keyed enqueues, and what the database holds afterwards."""
+
+    producers: int
+    per_producer: int
+    keys: int
+    elapsed: float | None
+    """From the common start to the end of the last producer, in s."""
+    rate: float | None
+    live: int
+    count_sum: int
+    merged: int
+    rows: int
+    late: list[float]
+    """Seconds by which producers were set up only after the common start."""
+    slack: float | None
+    """The shortest wait of a producer at the start barrier, in s."""
+    errors: list[str]
+
+    @property
+    def total(self) -> int:
+        return self.producers * self.per_producer
+
+    def problems(self) -> list[str]:
+        found = list(self.errors)
+        if self.late:
+            lates = ", ".join(f"{t:.2f}" for t in self.late)
+            found.append(f"{len(self.late)} producer(s) ready after the start barrier (+{lates} s)")
+        if self.live != self.keys:
+            found.append(f"{self.live} live jobs, expected {self.keys}")
+        if self.count_sum != self.total:
+            found.append(f"sum of count {self.count_sum:,}, expected {self.total:,}")
+        return found
+
+
+@dataclasses.dataclass
 class Record:
     """Every measurement of one repetition, keyed by a short name."""
 
@@ -199,6 +249,7 @@ class Record:
     drains: dict[str, Drain] = dataclasses.field(default_factory=dict)
     wakes: dict[str, Wake] = dataclasses.field(default_factory=dict)
     notes: dict[str, str] = dataclasses.field(default_factory=dict)
+    dedup: Dedup | None = None
 
 
 # ---------------------------------------------------------------- databases and processes
@@ -570,6 +621,82 @@ def run_venturi_wake(options: Options, record: Record, cells: dict[str, Cell]) -
             log(f"  W3 {cell.label()}: {describe_wake(result)}")
 
 
+DEDUP_LIVE = """
+SELECT count(*) FILTER (WHERE state IN ('ready', 'running')),
+       coalesce(sum((payload->>'count')::bigint) FILTER (WHERE state IN ('ready', 'running')), 0),
+       coalesce(sum(merged_count) FILTER (WHERE state IN ('ready', 'running')), 0),
+       count(*)
+FROM django_venturi_job WHERE kind = 'bench.count'
+"""
+
+
+def run_venturi_dedup(options: Options, record: Record) -> None:
+    """W7: 8 producers released at one start time, each N keyed enqueues over 10 keys."""
+    producers, per_producer = DEDUP_PRODUCERS, options.dedup_per_producer
+    with fresh_database(options, "w7") as dbname:
+        migrate(options, dbname)
+        env = child_env(options, dbname)
+        start = time.time() + dedup_margin(producers)
+        argv = [sys.executable, "-m", "benchmarks.producer", "dedup", "--n", str(per_producer)]
+        argv += ["--keys", str(DEDUP_KEYS), "--start", repr(start)]
+        processes = [
+            subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(producers)
+        ]
+        results: list[dict[str, Any]] = []
+        errors: list[str] = []
+        deadline = time.monotonic() + dedup_margin(producers) + DEDUP_TIMEOUT
+        for k, process in enumerate(processes):
+            try:
+                out, err = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+                errors.append(f"producer {k} timed out")
+                continue
+            if process.returncode != 0:
+                last = (err.strip().splitlines() or ["?"])[-1]
+                errors.append(f"producer {k} failed ({process.returncode}): {last[:200]}")
+                log(err[-4000:])
+                continue
+            results.append(json.loads(out))
+        with psycopg.connect(dsn(options, dbname), autocommit=True) as conn:
+            live, count_sum, merged, rows = conn.execute(DEDUP_LIVE).fetchone()
+    elapsed = rate = None
+    if results and not errors:
+        elapsed = max(r["t_end"] for r in results) - start
+        rate = producers * per_producer / elapsed
+    record.dedup = Dedup(
+        producers=producers,
+        per_producer=per_producer,
+        keys=DEDUP_KEYS,
+        elapsed=elapsed,
+        rate=rate,
+        live=live,
+        count_sum=count_sum,
+        merged=merged,
+        rows=rows,
+        late=sorted(r["ready"] - start for r in results if r["ready"] > start),
+        slack=min((start - r["ready"] for r in results), default=None),
+        errors=errors,
+    )
+    if rate is not None:
+        record.enqueue["dedup"] = rate
+    log(f"  W7 dedup under contention: {describe_dedup(record.dedup)}")
+
+
+def describe_dedup(result: Dedup) -> str:
+    problems = "; ".join(result.problems())
+    seconds = MISSING if result.elapsed is None else f"{result.elapsed:.2f} s"
+    return (
+        f"{fmt(result.rate)} enqueues/s ({result.total:,} in {seconds}), "
+        f"{result.live} live jobs, sum of count {result.count_sum:,}, "
+        f"{result.merged:,} merges; shortest wait at the barrier {fmt(result.slack, 2)} s"
+    ) + (f" [{problems}]" if problems else "")
+
+
 def describe(result: Drain) -> str:
     figures = " / ".join(fmt(v) for v in (result.steady, result.startup, result.done))
     problems = "; ".join(result.problems())
@@ -743,6 +870,31 @@ def build_table(options: Options, records: list[Record]) -> tuple[str, list[str]
             workload = "W3 (W2a config)" if key.startswith("default:") else "W3 (W2b best)"
             wake_rows(workload, key.split(":", 1)[1], key, "limit_claim1x1")
 
+    dedups = [r.dedup for r in records if r.dedup is not None]
+    if dedups:
+        problems = sorted({p for result in dedups for p in result.problems()})
+        for problem in problems:
+            failures.append(f"W7: {problem}")
+        first = dedups[0]
+        config = (
+            f"{first.producers} processes x {first.per_producer:,} `CountJob(key=i % "
+            f"{first.keys}).enqueue()`, autocommit, `Merge.update` (count + 1)"
+        )
+        values = [result.rate for result in dedups]
+        reference = centre([r.enqueue.get("single") for r in records])
+        rate = centre(values)
+        shown = ratio(rate, reference) if reference else "\u2014"
+        if problems:
+            note = "; ".join(problems)
+        else:
+            live = ", ".join(str(result.live) for result in dedups)
+            sums = ", ".join(f"{result.count_sum:,}" for result in dedups)
+            note = f"ok: {live} live jobs, sum of count {sums}"
+        seconds = ", ".join(fmt(result.elapsed, 2) for result in dedups)
+        note += f"; {first.total:,} enqueues in {seconds} s"
+        note += "; ratio to W1 single enqueue" if reference else "; no W1 in this run"
+        rows.append(["W7", config, "enqueue", f"{figure(values)} enqueues/s", shown, note])
+
     header = ["workload", "configuration", "metric", "figure", "ratio to W4", "checks / notes"]
     lines = [
         "| " + " | ".join(header) + " |",
@@ -820,6 +972,7 @@ def parse(argv: list[str] | None) -> Options:
         dsn_base={"host": args.host, "port": str(args.port), "user": args.user},
         quick=args.quick,
         output=args.output or RESULTS_DIR / ("quick.md" if args.quick else "latest.md"),
+        dedup_per_producer=QUICK_DEDUP_PER_PRODUCER if args.quick else DEDUP_PER_PRODUCER,
     )
 
 
@@ -832,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
     # The drains first (every repetition), then W3 (every repetition), so that
     # W3's "W2b best" is the configuration the table reports as best.
     for run in range(options.repeat):
-        log(f"run {run + 1}/{options.repeat}, N = {options.n:,}: W1, W1b, W2, W4")
+        log(f"run {run + 1}/{options.repeat}, N = {options.n:,}: W1, W1b, W2, W4, W7")
         options.run = run
         record = Record()
         if "w4" in options.workloads:
@@ -841,6 +994,8 @@ def main(argv: list[str] | None = None) -> int:
             run_venturi_single(options, record)
         if options.workloads & {"w1b", "w2b"}:
             run_venturi_bulk(options, record)
+        if "w7" in options.workloads:
+            run_venturi_dedup(options, record)
         records.append(record)
     if "w3" in options.workloads:
         w3_cells = {"default": DEFAULTS}

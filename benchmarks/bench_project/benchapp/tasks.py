@@ -1,4 +1,8 @@
-"""The one benchmark task: an int payload, a handler that appends (i, time) to the sink."""
+"""The benchmark tasks.
+
+SinkJob: an int payload, a handler that appends (i, time) to the sink (W1-W3).
+CountJob: a keyed task whose clashes add up their `count` (W7, dedup under contention).
+"""
 
 from __future__ import annotations
 
@@ -15,4 +19,21 @@ class SinkJob(venturi.Task):
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         sink.handle(self.i)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="bench.count")
+@dataclasses.dataclass
+class CountJob(venturi.Task):
+    key: int
+    count: int = 1
+
+    def dedup_key(self) -> str | None:
+        return f"k{self.key}"
+
+    def merge(self, existing: venturi.Existing[CountJob]) -> venturi.Merge:
+        merged = dataclasses.replace(existing.payload, count=existing.payload.count + self.count)
+        return venturi.Merge.update(merged)
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         return venturi.Outcome.completed()
