@@ -95,7 +95,7 @@ class ChargeCard(venturi.Task):
 
     order_ref: str
     amount: Decimal
-    card_token: str
+    card_token: str = venturi.secret()  # masked in the admin and in the demo's output
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         if self.card_token.startswith("tok_declined"):

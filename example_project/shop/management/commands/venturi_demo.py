@@ -183,7 +183,7 @@ class Command(BaseCommand):
             job = jobs.filter(kind=kind).order_by("pk").first()
             if job is None:
                 continue
-            self.line(f"  {kind} #{job.pk}: {job.state}, payload {job.payload}")
+            self.line(f"  {kind} #{job.pk}: {job.state}, payload {job.masked_payload()}")
             for entry in job.journal.order_by("id"):
                 error = f"  {short_type(entry.error_type)}: {entry.error_message}"
                 outcome = f"    run {entry.attempt}: {entry.outcome:<9}"
