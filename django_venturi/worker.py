@@ -300,12 +300,15 @@ class Worker:
         )
 
     def _finish(self, execution: Execution, verdict: Verdict) -> None:
-        with self._lock:
-            self._executing.pop(execution.job.id, None)
         if execution.started is not None:
             verdict = dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
+        # Queue the verdict and leave `_executing` in one step: a shutdown that sees
+        # no job executing any more then queues its end marker after this verdict,
+        # so the completer writes it before it exits.
+        with self._lock:
+            self._verdicts.put(verdict)
+            self._executing.pop(execution.job.id, None)
         self._log_verdict(verdict)
-        self._verdicts.put(verdict)
         self._wake.set()
 
     def _handler_thread(self) -> None:
