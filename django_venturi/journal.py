@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
 
 from django_venturi.conf import venturi_settings
-from django_venturi.models import JournalEntry
 from django_venturi.states import State
+
+if TYPE_CHECKING:
+    from django_venturi.models import JournalEntry
 
 
 def history(
@@ -26,6 +29,10 @@ def history(
     `kind`, `state` (the job's current state) and `dedup_key` filter by the job;
     `outcome` by the execution; `since`/`until` bound when the execution finished.
     """
+    from django_venturi.models import (
+        JournalEntry,  # at call time: importing the package must not load models
+    )
+
     entries = (
         JournalEntry.objects.using(using or venturi_settings.DATABASE)
         .select_related("job")

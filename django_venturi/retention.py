@@ -9,13 +9,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
-from django_venturi.models import Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, State
+
+if TYPE_CHECKING:
+    pass
 
 DEFAULT_BATCH_SIZE = 1000
 
@@ -43,6 +46,11 @@ def cleanup(
     Only finished states are allowed: live jobs are never deleted. `progress`, if
     given, is called after each batch with the running totals.
     """
+    from django_venturi.models import (  # at call time: importing the package must not load models
+        Job,
+        JournalEntry,
+    )
+
     chosen = [State(state) for state in states]
     live = [state for state in chosen if state not in FINISHED_STATES]
     if live:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, Min
 from django.db.models.functions import TruncMinute
 
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
-from django_venturi.models import Job, JournalEntry
 from django_venturi.states import JournalOutcome, State
+
+if TYPE_CHECKING:
+    pass
 
 WINDOW = timedelta(hours=1)
 FAILING = (JournalOutcome.RETRY, JournalOutcome.FAILED, JournalOutcome.LEASE_EXPIRED)
@@ -102,6 +104,10 @@ class Stats:
 
 def stats(*, using: str | None = None) -> Stats:
     """Take a snapshot: live counts, due backlog and latency per queue, the last hour's runs."""
+    from django_venturi.models import (  # at call time: importing the package must not load models
+        Job,
+    )
+
     alias = using or venturi_settings.DATABASE
     now = database_time(alias)
     jobs = Job.objects.using(alias)
@@ -128,6 +134,10 @@ def stats(*, using: str | None = None) -> Stats:
 
 
 def _minutes(alias: str, now: datetime) -> list[Minute]:
+    from django_venturi.models import (  # at call time: importing the package must not load models
+        JournalEntry,
+    )
+
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - WINDOW
     rows = (
