@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django_venturi.backoff import Fibonacci
+from django_venturi.cancel import CancelResult, cancel
 from django_venturi.codec import PayloadError, secret
 from django_venturi.context import Context
 from django_venturi.dedup import Existing, Merge
 from django_venturi.journal import history
 from django_venturi.outcomes import Outcome, TaskError
+from django_venturi.periodic import periodic
 from django_venturi.registry import RegistrationError, UnknownKind
 from django_venturi.retention import cleanup
 from django_venturi.snapshot import stats
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "CancelResult",
     "Context",
     "Existing",
     "Fibonacci",
@@ -40,9 +43,11 @@ __all__ = [
     "TaskError",
     "UnknownKind",
     "__version__",
+    "cancel",
     "cleanup",
     "enqueue_many",
     "history",
+    "periodic",
     "secret",
     "stats",
     "task",
@@ -54,6 +59,12 @@ def enqueue_many(instances: Any, **options: Any) -> list[Job]:
 
     Options as for `enqueue`: `delay`, `run_at`, `priority`, `queue`, `using`.
     """
+    from django_venturi.conf import venturi_settings
     from django_venturi.enqueue import enqueue_many as _enqueue_many
 
-    return _enqueue_many(instances, **options)
+    jobs = _enqueue_many(instances, **options)
+    if venturi_settings.TESTING_EAGER:
+        from django_venturi.testing import run_enqueued
+
+        run_enqueued(jobs)
+    return jobs

@@ -1,16 +1,50 @@
-"""The Django admin: browse jobs and their journals."""
+"""The Django admin as the queue's dashboard: browse jobs, act on them, watch the queue.
+
+- The job list stays fast on a table of millions: filters whose choices come from
+  the registry and the model (no DISTINCT over the table), no related rows per
+  line, and an estimated count once the result passes `EXACT_COUNT_LIMIT`.
+- A job's page shows its payload (secret fields masked) and carry as indented
+  JSON, the states it went through, and its journal with folded tracebacks.
+- Actions, each behind its own permission and a confirmation page: retry now
+  (`retry_job`), cancel (`cancel_job`), delete (Django's delete permission), and
+  a cleanup page for old finished jobs (`cleanup_jobs`).
+- A stats page (view permission) draws `venturi.stats()`: live counts, queue
+  latency, the last hour per minute as an SVG chart, and the live workers.
+
+Fields are never editable here: jobs change only through these actions.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin
-from django.http import HttpRequest
-from django.utils.html import format_html
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from django_venturi import registration
+from django_venturi.cancel import cancel
+from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job, JournalEntry
+from django_venturi.registry import registry
+from django_venturi.retention import cleanup
+from django_venturi.retry import retry_now
+from django_venturi.snapshot import FAILING, Stats, stats
+from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 
 if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]
@@ -20,25 +54,209 @@ else:
     JobAdminBase = JournalEntryAdminBase = admin.ModelAdmin
     JournalInlineBase = admin.TabularInline
 
+EXACT_COUNT_LIMIT = 10_000
+"""Results up to this size are counted exactly; past it the planner's estimate is shown."""
+CONFIRM_LISTED = 100
+"""A confirmation page names at most this many of the selected jobs."""
+CHART_BAR_WIDTH = 10
+CHART_HEIGHT = 120
+
+
+# ---------------------------------------------------------------- the job list
+
+
+class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
+    """Count exactly up to `EXACT_COUNT_LIMIT` rows, then take PostgreSQL's estimate.
+
+    `count(*)` over millions of rows is a full scan on every page load; the
+    estimate comes from `EXPLAIN`, which reads the table statistics
+    (`pg_class.reltuples` scaled to the table's current size) in under a millisecond.
+    """
+
+    estimated = False
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list
+        if not isinstance(queryset, QuerySet):
+            return len(queryset)
+        bounded = queryset.order_by()[: EXACT_COUNT_LIMIT + 1].count()
+        if bounded <= EXACT_COUNT_LIMIT or connections[queryset.db].vendor != "postgresql":
+            return bounded if bounded <= EXACT_COUNT_LIMIT else queryset.count()
+        self.estimated = True
+        return max(planner_rows(queryset), bounded)
+
+
+def planner_rows(queryset: QuerySet[Any]) -> int:
+    """PostgreSQL's estimate of how many rows a queryset returns (no rows are read)."""
+    sql, params = queryset.order_by().query.sql_with_params()
+    with connections[queryset.db].cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        row = cursor.fetchone()
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+class KindFilter(admin.SimpleListFilter):
+    """Kinds from the registry: no DISTINCT over the whole table to list them."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(kind, kind) for kind in sorted(registry.kinds())]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(kind=self.value()) if self.value() else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """Queues named by registered tasks and the default queue."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        queues = {venturi_settings.DEFAULT_QUEUE}
+        queues.update(spec.queue for spec in registry.specs() if spec.queue)
+        return [(queue, queue) for queue in sorted(queues)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class HasErrorFilter(admin.SimpleListFilter):
+    title = "last error"
+    parameter_name = "has_error"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.exclude(last_error="")
+        if self.value() == "no":
+            return queryset.filter(last_error="")
+        return queryset
+
+
+def compact_time(moment: datetime | None) -> str:
+    """`2026-05-04 13:07:59` in the current time zone: sortable by eye, one line wide."""
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else ""
+
+
+def short_age(delta: timedelta) -> str:
+    """`42s`, `5m 03s`, `2h 10m`, `3d 4h`: readable at a glance in a narrow column."""
+    seconds = int(delta.total_seconds())
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+# ---------------------------------------------------------------- the job page
+
 
 class JournalInline(JournalInlineBase):
     model = JournalEntry
     extra = 0
     can_delete = False
-    fields = (
-        "attempt",
-        "outcome",
-        "worker",
-        "started_at",
-        "finished_at",
-        "error_type",
-        "error_message",
-    )
+    fields = ("attempt", "outcome", "worker", "started_at", "duration", "error")
     readonly_fields = fields
     ordering = ("id",)
+    verbose_name_plural = "journal (one entry per run)"
+
+    @admin.display(description="duration")
+    def duration(self, entry: JournalEntry) -> str:
+        if entry.started_at is None or entry.finished_at is None:
+            return "-"
+        return f"{(entry.finished_at - entry.started_at).total_seconds():.3f} s"
+
+    @admin.display(description="error")
+    def error(self, entry: JournalEntry) -> SafeString | str:
+        if not entry.error_type:
+            return "-"
+        summary = f"{entry.error_type}: {entry.error_message}"
+        if not entry.traceback:
+            return summary
+        return format_html(
+            '<details class="venturi-traceback"><summary>{}</summary><pre>{}</pre></details>',
+            summary,
+            entry.traceback,
+        )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
+        return super().get_queryset(request).using(venturi_settings.DATABASE)
 
     def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False
+
+
+OUTCOME_LEADS_TO = {
+    JournalOutcome.COMPLETED: State.COMPLETED,
+    JournalOutcome.FAILED: State.FAILED,
+    JournalOutcome.CANCELLED: State.CANCELLED,
+    JournalOutcome.RETRY: State.READY,
+    JournalOutcome.PAUSED: State.READY,
+    JournalOutcome.RELEASED: State.READY,
+    JournalOutcome.TIMEOUT: State.READY,
+    JournalOutcome.LEASE_EXPIRED: State.READY,
+}
+"""The usual next state after a run's outcome (a last retry, timeout or lost lease can
+end `failed` instead: the job's current state on the last line says which)."""
+
+
+def state_history(job: Job, entries: Sequence[JournalEntry]) -> list[tuple[datetime | None, str]]:
+    """The states a job went through, from its enqueue time and its journal."""
+    events: list[tuple[datetime | None, str]] = [(job.enqueued_at, "enqueued: ready")]
+    for entry in entries:
+        if entry.outcome == JournalOutcome.DISCARDED:
+            continue
+        worker = f" by {entry.worker}" if entry.worker else ""
+        events.append((entry.started_at, f"attempt {entry.attempt}{worker}: running"))
+        next_state = OUTCOME_LEADS_TO.get(JournalOutcome(entry.outcome))
+        events.append(
+            (entry.finished_at, f"{entry.get_outcome_display()}: {next_state or job.state}")
+        )
+    if job.state == State.RUNNING:
+        events.append((job.started_at, f"attempt {job.attempt} by {job.claimed_by}: running"))
+    elif job.state == State.CANCELLED and (not entries or entries[-1].outcome != "cancelled"):
+        events.append((job.finished_at, "cancelled"))
+    elif job.state == State.READY and events[-1][1].endswith(": failed"):
+        events.append((None, "retried from the admin: ready"))
+    return events
+
+
+# ---------------------------------------------------------------- forms
+
+
+class CleanupForm(forms.Form):
+    older_than = forms.CharField(
+        initial="7d",
+        help_text="Finished more than this long ago: 30m, 12h, 7d, 2w.",
+        max_length=20,
+    )
+    states = forms.MultipleChoiceField(
+        choices=[(state.value, state.label) for state in FINISHED_STATES],
+        initial=[state.value for state in FINISHED_STATES],
+        widget=forms.CheckboxSelectMultiple,
+    )
+
+    def clean_older_than(self) -> timedelta:
+        try:
+            return as_age(self.cleaned_data["older_than"])
+        except ValueError as error:
+            raise forms.ValidationError(str(error)) from None
+
+
+# ---------------------------------------------------------------- the job admin
 
 
 @admin.register(Job)
@@ -48,56 +266,463 @@ class JobAdmin(JobAdminBase):
         "kind",
         "queue",
         "priority",
-        "state",
+        "state_label",
         "attempt",
-        "dedup_key",
-        "merged_count",
-        "run_at",
-        "enqueued_at",
-        "finished_at",
+        "time_in_state",
+        "progress_text",
+        "enqueued",
+        "error_summary",
     )
-    list_filter = ("state", "queue", "priority", "kind")
-    search_fields = ("=id", "kind", "dedup_key")
+    list_display_links = ("id", "kind")
+    list_filter = ("state", KindFilter, QueueFilter, "priority", HasErrorFilter)
+    search_fields = ("kind", "dedup_key", "payload")
+    search_help_text = "A job id (123 or #123), or part of the kind, the dedup key or the payload."
+    ordering = ("-id",)
+    list_per_page = 50
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    actions = ("retry_now", "cancel_jobs", "delete_selected")
+    fieldsets = (
+        (None, {"fields": ("kind", "queue", "priority", "rank", "state", "dedup_key")}),
+        ("Payload", {"fields": ("payload_json", "carry_json", "result_json")}),
+        (
+            "Runs",
+            {
+                "fields": (
+                    "attempt",
+                    "failures",
+                    "merged_count",
+                    "last_merged_at",
+                    "last_error_text",
+                    "progress_text",
+                    "state_history_table",
+                )
+            },
+        ),
+        (
+            "Times",
+            {"fields": ("enqueued_at", "run_at", "started_at", "finished_at")},
+        ),
+        (
+            "Claim",
+            {
+                "fields": (
+                    "claimed_by",
+                    "claim_token",
+                    "lease_expires_at",
+                    "cancel_requested_at",
+                    "periodic_tick",
+                ),
+                "classes": ("collapse",),
+            },
+        ),
+    )
     readonly_fields = (
         "kind",
         "queue",
         "priority",
+        "rank",
         "state",
+        "dedup_key",
         "payload_json",
         "carry_json",
-        "dedup_key",
-        "merged_count",
-        "last_merged_at",
+        "result_json",
         "attempt",
         "failures",
-        "run_at",
+        "merged_count",
+        "last_merged_at",
+        "last_error_text",
+        "state_history_table",
         "enqueued_at",
+        "run_at",
         "started_at",
         "finished_at",
-        "claim_token",
         "claimed_by",
+        "claim_token",
         "lease_expires_at",
-        "last_error",
+        "progress_text",
+        "cancel_requested_at",
+        "periodic_tick",
     )
-    exclude = ("payload", "carry")
     inlines = (JournalInline,)
-    show_full_result_count = False
+
+    # ------------------------------------------------------------ columns
+
+    @admin.display(description="state", ordering="state")
+    def state_label(self, job: Job) -> SafeString:
+        return format_html('<span class="venturi-state venturi-{}">{}</span>', job.state, job.state)
+
+    @admin.display(description="in this state", ordering="run_at")
+    def time_in_state(self, job: Job) -> str:
+        """A ready job's age since it became due, a running job's time in `running`,
+        how long ago a finished job finished."""
+        now = timezone.now()
+        if job.state == State.READY:
+            if job.run_at > now:
+                return f"due in {short_age(job.run_at - now)}"
+            return f"waiting {short_age(now - job.run_at)}"
+        if job.state == State.RUNNING and job.started_at is not None:
+            return f"running {short_age(now - job.started_at)}"
+        return f"{short_age(now - job.finished_at)} ago" if job.finished_at else ""
+
+    @admin.display(description="enqueued", ordering="enqueued_at")
+    def enqueued(self, job: Job) -> str:
+        return compact_time(job.enqueued_at)
+
+    @admin.display(description="last error")
+    def error_summary(self, job: Job) -> SafeString | str:
+        if not job.last_error:
+            return ""
+        first_line = job.last_error.strip().splitlines()[0] if job.last_error.strip() else ""
+        error_type, colon, message = first_line.partition(": ")
+        if colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
+            first_line = f"{error_type.rpartition('.')[2]}: {message}"
+        short = first_line if len(first_line) <= 40 else first_line[:39] + "…"
+        return format_html('<span title="{}">{}</span>', job.last_error, short)
+
+    # ------------------------------------------------------------ the job page
 
     @admin.display(description="payload")
     def payload_json(self, job: Job) -> SafeString:
-        return format_html(
-            "<pre>{}</pre>", json.dumps(job.masked_payload(), indent=2, sort_keys=True)
-        )
+        return pretty_json(job.masked_payload())
 
     @admin.display(description="carry")
     def carry_json(self, job: Job) -> SafeString:
-        return format_html("<pre>{}</pre>", json.dumps(job.carry, indent=2, sort_keys=True))
+        return pretty_json(job.carry)
+
+    @admin.display(description="result")
+    def result_json(self, job: Job) -> SafeString:
+        return pretty_json(job.result)
+
+    @admin.display(description="last error")
+    def last_error_text(self, job: Job) -> SafeString | str:
+        return format_html("<pre>{}</pre>", job.last_error) if job.last_error else "-"
+
+    @admin.display(description="state history")
+    def state_history_table(self, job: Job) -> SafeString:
+        entries = list(job.journal.using(job._state.db or venturi_settings.DATABASE).order_by("id"))
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td></tr>",
+            ((compact_time(at) or "-", event) for at, event in state_history(job, entries)),
+        )
+        return format_html('<table class="venturi-history"><tbody>{}</tbody></table>', rows)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        """Jobs live in `VENTURI["DATABASE"]`, which need not be `default`."""
+        return super().get_queryset(request).using(venturi_settings.DATABASE)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        """A number is a job id (one index lookup); text is looked for in kind, key and payload.
+
+        Text search reads every row (`icontains`), so it takes seconds on millions of jobs;
+        an id never does.
+        """
+        term = search_term.strip().removeprefix("#")
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    # ------------------------------------------------------------ permissions
+
+    @admin.display(description="progress")
+    def progress_text(self, job: Job) -> str:
+        return progress_text(job.progress)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False  # read-only until the admin actions (retry, cancel) exist
+        return False  # fields are never edited: jobs change through the actions only
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_venturi.retry_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_venturi.cancel_job")
+
+    def has_cleanup_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_venturi.cleanup_jobs")
+
+    def get_deleted_objects(
+        self, objs: Sequence[Job] | QuerySet[Job], request: HttpRequest
+    ) -> tuple[list[Any], dict[str, int], set[str], list[Any]]:
+        """A job's journal goes with it: deleting a job needs no permission on journal entries."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        perms_needed.discard(str(JournalEntry._meta.verbose_name))
+        return deleted, counts, perms_needed, protected
+
+    # ------------------------------------------------------------ actions
+
+    @admin.action(description="Retry now (ready or failed jobs run at once)", permissions=["retry"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        if request.POST.get("post") != "yes":
+            return self._confirm(
+                request,
+                queryset,
+                action="retry_now",
+                title="Retry these jobs now?",
+                explanation=(
+                    "Ready and failed jobs become ready with run_at = now. A failed job "
+                    "keeps its attempt count: it gets one more run. Other jobs are left "
+                    "as they are."
+                ),
+            )
+        result = retry_now(queryset.values_list("id", flat=True), using=queryset.db)
+        self.message_user(request, f"{jobs(len(result.retried))} will run now.", messages.SUCCESS)
+        if result.clashes:
+            self.message_user(
+                request,
+                "Left failed, because another ready job has the same kind and dedup key: "
+                + ", ".join(f"#{job_id}" for job_id in result.clashes),
+                messages.WARNING,
+            )
+        if result.skipped:
+            self.message_user(
+                request,
+                f"{jobs(len(result.skipped))} neither ready nor failed: left as they are.",
+                messages.INFO,
+            )
+        return None
+
+    @admin.action(description="Cancel (running jobs are asked to stop)", permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        if request.POST.get("post") != "yes":
+            return self._confirm(
+                request,
+                queryset,
+                action="cancel_jobs",
+                title="Cancel these jobs?",
+                explanation=(
+                    "Ready jobs become cancelled at once. Running jobs are asked to stop: "
+                    "their handler sees ctx.should_stop, and the job ends cancelled when it "
+                    "returns. Finished jobs are left as they are."
+                ),
+            )
+        result = cancel(list(queryset.values_list("id", flat=True)), using=queryset.db)
+        self.message_user(
+            request,
+            f"{jobs(result.cancelled)} cancelled; {jobs(result.stopping)} running asked to stop.",
+            messages.SUCCESS,
+        )
+        return None
+
+    def _confirm(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        *,
+        action: str,
+        title: str,
+        explanation: str,
+    ) -> TemplateResponse:
+        """The intermediate page: the selection again, with a button that posts it back."""
+        listed = list(queryset.order_by("-id")[:CONFIRM_LISTED])
+        total = queryset.count() if len(listed) == CONFIRM_LISTED else len(listed)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "explanation": explanation,
+            "opts": self.model._meta,
+            "action": action,
+            "jobs": listed,
+            "total": total,
+            "selected_ids": request.POST.getlist(ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_venturi/job/confirm_action.html", context)
+
+    # ------------------------------------------------------------ extra pages
+
+    def get_urls(self) -> list[URLPattern]:
+        def view(function: Callable[[HttpRequest], HttpResponse], name: str) -> URLPattern:
+            return path(
+                f"{name}/",
+                self.admin_site.admin_view(function),
+                name=f"django_venturi_job_{name}",
+            )
+
+        return [
+            view(self.stats_view, "stats"),
+            view(self.cleanup_view, "cleanup"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {
+            "can_cleanup": self.has_cleanup_permission(request),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra)
+
+    def stats_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        snapshot = stats(using=venturi_settings.DATABASE)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queue stats",
+            "opts": self.model._meta,
+            "snapshot": snapshot,
+            "live_rows": live_rows(snapshot),
+            "latency_rows": latency_rows(snapshot),
+            "chart": chart(snapshot),
+            "workers": [
+                {"worker": worker, "age": short_age(snapshot.taken_at - worker.heartbeat_at)}
+                for worker in snapshot.workers
+            ],
+            "stale_after": short_age(registration.stale_after()),
+            "last_hour_rows": last_hour_by_kind(venturi_settings.DATABASE, snapshot),
+            "refresh": refresh_seconds(request),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_venturi/job/stats.html", context)
+
+    def cleanup_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_cleanup_permission(request):
+            raise PermissionDenied
+        form = CleanupForm(request.POST or None)
+        preview = None
+        if request.method == "POST" and form.is_valid():
+            options = {
+                "older_than": form.cleaned_data["older_than"],
+                "states": form.cleaned_data["states"],
+                "using": venturi_settings.DATABASE,
+            }
+            if "confirm" in request.POST:
+                result = cleanup(**options)
+                self.message_user(
+                    request,
+                    f"Deleted {result.jobs} jobs and {result.journal_entries} journal entries "
+                    f"in {result.batches} batches.",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(reverse("admin:django_venturi_job_changelist"))
+            preview = cleanup(dry_run=True, **options)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Clean up finished jobs",
+            "opts": self.model._meta,
+            "form": form,
+            "preview": preview,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_venturi/job/cleanup.html", context)
+
+
+def jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def pretty_json(value: Any) -> SafeString:
+    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+
+
+# ---------------------------------------------------------------- the stats page
+
+
+def live_rows(snapshot: Stats) -> list[dict[str, Any]]:
+    """One row per kind and queue with its ready and running counts."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for (state, kind, queue), jobs in snapshot.live.items():
+        row = rows.setdefault(
+            (kind, queue), {"kind": kind, "queue": queue, "ready": 0, "running": 0}
+        )
+        row[state] = jobs
+    return [rows[key] for key in sorted(rows)]
+
+
+def refresh_seconds(request: HttpRequest) -> int | None:
+    """`?refresh=10` reloads the stats page every 10 s (at least 2 s; none by default)."""
+    value = request.GET.get("refresh", "")
+    return max(int(value), 2) if value.isdigit() and int(value) > 0 else None
+
+
+def last_hour_by_kind(alias: str, snapshot: Stats) -> list[dict[str, Any]]:
+    """Runs that finished in the last hour, by kind, queue and outcome (the journal's index)."""
+    if not snapshot.minutes:
+        return []
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    entries = (
+        JournalEntry.objects.using(alias)
+        .filter(finished_at__gte=snapshot.minutes[0].start)
+        .values("job__kind", "job__queue", "outcome")
+        .annotate(runs=Count("id"))
+        .order_by()
+    )
+    for entry in entries:
+        key = (entry["job__kind"], entry["job__queue"])
+        row = rows.setdefault(
+            key, {"kind": key[0], "queue": key[1], "completed": 0, "failed": 0, "other": 0}
+        )
+        if entry["outcome"] == JournalOutcome.COMPLETED:
+            row["completed"] += entry["runs"]
+        elif entry["outcome"] in FAILING:
+            row["failed"] += entry["runs"]
+        else:
+            row["other"] += entry["runs"]
+    return [rows[key] for key in sorted(rows)]
+
+
+def latency_rows(snapshot: Stats) -> list[dict[str, Any]]:
+    return [
+        {
+            "queue": queue,
+            "due": snapshot.due.get(queue, 0),
+            "oldest": short_age(snapshot.oldest_due_age[queue]),
+        }
+        for queue in sorted(snapshot.due)
+    ]
+
+
+def chart(snapshot: Stats) -> dict[str, Any]:
+    """Bars for the last hour, one per minute: completed on top of failed, scaled to the busiest."""
+    busiest = max((m.completed + m.failed for m in snapshot.minutes), default=0) or 1
+    scale = (CHART_HEIGHT - 20) / busiest
+    bars = []
+    for index, minute in enumerate(snapshot.minutes):
+        failed_height = round(minute.failed * scale, 1)
+        completed_height = round(minute.completed * scale, 1)
+        runs = minute.completed + minute.failed
+        rate = f"{100 * minute.failed / runs:.0f}%" if runs else "-"
+        bars.append(
+            {
+                "x": index * CHART_BAR_WIDTH,
+                "failed_y": CHART_HEIGHT - failed_height,
+                "failed_height": failed_height,
+                "completed_y": CHART_HEIGHT - failed_height - completed_height,
+                "completed_height": completed_height,
+                "label": (
+                    f"{timezone.localtime(minute.start):%H:%M}: {minute.completed} completed, "
+                    f"{minute.failed} failed ({rate}), {minute.other} other"
+                ),
+            }
+        )
+    ticks = [
+        {"x": index * CHART_BAR_WIDTH, "label": f"{timezone.localtime(minute.start):%H:%M}"}
+        for index, minute in enumerate(snapshot.minutes)
+        if index % 15 == 0
+    ]
+    return {
+        "bars": bars,
+        "ticks": ticks,
+        "width": CHART_BAR_WIDTH * len(snapshot.minutes),
+        "height": CHART_HEIGHT,
+        "full_height": CHART_HEIGHT + 16,
+        "tick_y": CHART_HEIGHT + 12,
+        "bar_width": CHART_BAR_WIDTH - 2,
+        "busiest": busiest if busiest > 1 or snapshot.completed_last_hour else 0,
+        "failure_rate": f"{100 * snapshot.failure_rate:.1f}%",
+    }
+
+
+# ---------------------------------------------------------------- the journal
 
 
 @admin.register(JournalEntry)
@@ -116,7 +741,11 @@ class JournalEntryAdmin(JournalEntryAdminBase):
         "error_message",
         "traceback",
     )
+    paginator = EstimatedCountPaginator
     show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
+        return super().get_queryset(request).using(venturi_settings.DATABASE)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -126,3 +755,17 @@ class JournalEntryAdmin(JournalEntryAdminBase):
 
     def has_delete_permission(self, request: HttpRequest, obj: JournalEntry | None = None) -> bool:
         return False  # the journal is append-only
+
+
+def progress_text(progress: object) -> str:
+    """`ctx.progress()` as one short line: "40 / 100 (40%) resizing images"."""
+    if not isinstance(progress, dict):
+        return "-"
+    done, total, note = progress.get("done"), progress.get("total"), progress.get("note") or ""
+    text = f"{done}"
+    if isinstance(total, int | float) and total:
+        text += f" / {total} ({100 * float(done or 0) / total:.0f}%)"
+    return f"{text} {note}".strip()
+
+
+from django_venturi import periodic_admin  # noqa: E402, F401 - "Periodic tasks", kept apart

@@ -35,6 +35,8 @@ DURATIONS = (
     "RESCUE_INTERVAL",
     "POLL_INTERVAL",
     "SHUTDOWN_TIMEOUT",
+    "TIMEOUT_GRACE",
+    "PERIODIC_INTERVAL",
 )
 POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE")
 
@@ -100,6 +102,12 @@ def check_settings(
             "venturi.E010",
         ),
         (
+            "PREPARED_STATEMENTS",
+            lambda v: isinstance(v, bool),
+            "must be True or False",
+            "venturi.E020",
+        ),
+        (
             "NOTIFY_CHANNEL",
             lambda v: isinstance(v, str) and v.isidentifier() and len(v) < 64,
             "must be an identifier shorter than 64 characters",
@@ -109,7 +117,26 @@ def check_settings(
     for key, valid, message, check_id in checks:
         if key in user and not valid(user[key]):
             errors.append(_error(key, f"{message}, got {user[key]!r}", check_id))
+    # Settings of periodic jobs, timeouts and testing (ids E041-E044).
+    more: list[tuple[str, Callable[[Any], bool], str, str]] = [
+        ("TESTING_EAGER", lambda v: isinstance(v, bool), "must be True or False", "venturi.E041"),
+        (
+            "PERIODIC_CATCH_UP",
+            lambda v: v is None or _is_duration(v),
+            "must be None or a positive timedelta or number of seconds",
+            "venturi.E042",
+        ),
+        ("PERIODIC", lambda v: isinstance(v, list | tuple), "must be a list", "venturi.E043"),
+    ]
+    for key, valid, message, check_id in more:
+        if key in user and not valid(user[key]):
+            errors.append(_error(key, f"{message}, got {user[key]!r}", check_id))
     errors.extend(_check_lease_margin(user))
+    errors.extend(check_retention(user))
+    if "METRICS" in user and not isinstance(user["METRICS"], bool):
+        errors.append(
+            _error("METRICS", f"must be True or False, got {user['METRICS']!r}", "venturi.E036")
+        )
     errors.extend(check_sqlite_transaction_mode(user, settings.DATABASES))
     return errors
 
@@ -172,3 +199,73 @@ def _check_lease_margin(user: dict[str, Any]) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+@register(Tags.compatibility)
+def check_periodic(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Every periodic schedule (decorators and `VENTURI["PERIODIC"]`) names a task that fits."""
+    user = getattr(settings, "VENTURI", {})
+    if isinstance(user, dict) and not isinstance(user.get("PERIODIC", []), list | tuple):
+        return []  # reported by check_settings
+    from django_venturi.periodic import errors
+
+    return [
+        Error(problem, hint=HINT, obj="settings.VENTURI['PERIODIC']", id="venturi.E044")
+        for problem in errors()
+    ]
+
+
+def check_retention(user: dict[str, Any]) -> list[CheckMessage]:
+    """RETENTION maps finished states to ages; a typo would silently keep jobs forever."""
+    from django_venturi.conf import as_age
+    from django_venturi.states import FINISHED_STATES
+
+    value = user.get("RETENTION")
+    if value is None:
+        return []
+    finished = ", ".join(state.value for state in FINISHED_STATES)
+    if not isinstance(value, dict):
+        return [
+            _error("RETENTION", f"must be a dict of {{state: age}}, got {value!r}", "venturi.E035")
+        ]
+    errors: list[CheckMessage] = []
+    for state, age in value.items():
+        if state not in {s.value for s in FINISHED_STATES}:
+            errors.append(
+                _error(
+                    "RETENTION",
+                    f"has {state!r}: keys must be finished states ({finished})",
+                    "venturi.E035",
+                )
+            )
+            continue
+        try:
+            parsed = as_age(age)
+        except ValueError as error:
+            errors.append(_error("RETENTION", f"[{state!r}]: {error}", "venturi.E035"))
+            continue
+        if parsed <= timedelta(0):
+            errors.append(
+                _error(
+                    "RETENTION", f"[{state!r}] must be a positive age, got {age!r}", "venturi.E035"
+                )
+            )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_tasks_backends(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Validate the TASKS entries that name venturi's Django Tasks backend."""
+    tasks = getattr(settings, "TASKS", None)
+    if not isinstance(tasks, dict) or not any(
+        isinstance(entry, dict) and str(entry.get("BACKEND", "")).startswith("django_venturi.")
+        for entry in tasks.values()
+    ):
+        return []  # the backend (and the Tasks frameworks) stay unimported
+    from django_venturi.backend import check_tasks_setting
+
+    return check_tasks_setting()

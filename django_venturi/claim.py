@@ -22,6 +22,7 @@ from django.db import connections, transaction
 from django.db.models import Count, Exists, F, Min, OuterRef, Q
 from django.utils import timezone
 
+from django_venturi import statements
 from django_venturi.models import Job
 from django_venturi.scheduling import TIERS, TierClock
 from django_venturi.states import State
@@ -100,20 +101,54 @@ class ClaimRequest:
     """None: every queue."""
     limits: Sequence[KindLimit] = ()
     """Caps on some kinds; kinds not listed are unlimited."""
+    kind_prefix: str | None = None
+    """Also claim every kind that starts with this (Django Tasks jobs, see `backend.py`)."""
+    prefix_lease: timedelta | None = None
+    """The lease of the jobs claimed through `kind_prefix`."""
+
+    def lease_of(self, kind: str) -> timedelta:
+        """The lease a claimed job of `kind` gets."""
+        for known, lease in zip(self.kinds, self.leases, strict=True):
+            if known == kind:
+                return lease
+        assert self.prefix_lease is not None, f"{kind!r} is not claimable"
+        return self.prefix_lease
+
+    def claims_some_kind(self) -> bool:
+        return bool(self.kinds) or self.kind_prefix is not None
 
 
 def claim(alias: str, request: ClaimRequest, clock: TierClock) -> list[ClaimedJob]:
     """Claim up to `request.limit` due jobs, weighted across priority tiers."""
     request = _without_full_kinds(request)
-    if request.limit < 1 or not request.kinds:
+    if request.limit < 1 or not request.claims_some_kind():
         return []
     token = uuid.uuid4()
     if connections[alias].vendor == "postgresql":
         jobs = _claim_postgresql(alias, request, clock, token)
     else:
         jobs = _claim_orm(alias, request, clock, token)
+    jobs = _in_turn_order(jobs, clock)
     clock.record((job.priority for job in jobs), limit=request.limit)
     return jobs
+
+
+def _in_turn_order(jobs: list[ClaimedJob], clock: TierClock) -> list[ClaimedJob]:
+    """The jobs in the order of their weighted turns (enqueue order within a tier).
+
+    A worker runs a batch in the order given; with large batches (short jobs,
+    deep buffer) enqueue order would run all of a batch's HIGH jobs before its
+    LOW ones, while the turns interleave the tiers 6:3:1 as the claim chose them.
+    """
+    by_tier: dict[int, list[ClaimedJob]] = {}
+    for job in sorted(jobs, key=lambda job: job.id):
+        by_tier.setdefault(job.priority, []).append(job)
+    turns = [
+        (turn, tier, job.id, job)
+        for tier, group in by_tier.items()
+        for turn, job in zip(clock.turns(tier, len(group)), group, strict=True)
+    ]
+    return [job for _, _, _, job in sorted(turns, key=lambda entry: entry[:3])]
 
 
 def _without_full_kinds(request: ClaimRequest) -> ClaimRequest:
@@ -148,6 +183,31 @@ _SERVED_QUEUES_ALL = """
     FROM served WHERE served.queue IS NOT NULL
 """
 
+_SLOTS = """
+-- The (tier, rank) pairs that hold ready jobs in each served queue, found by
+-- skipping through the claim index from one pair to the next: one index probe
+-- per pair (usually one rank per tier), not a scan of the backlog.
+slots(queue, priority, rank) AS (
+    SELECT served.queue, lowest.priority, lowest.rank
+    FROM served
+    CROSS JOIN LATERAL (
+        SELECT priority, rank FROM {table}
+        WHERE state = 'ready' AND queue = served.queue
+        ORDER BY priority, rank LIMIT 1
+    ) AS lowest
+    WHERE served.queue IS NOT NULL
+    UNION ALL
+    SELECT slots.queue, following.priority, following.rank
+    FROM slots
+    CROSS JOIN LATERAL (
+        SELECT priority, rank FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue
+          AND (priority, rank) > (slots.priority, slots.rank)
+        ORDER BY priority, rank LIMIT 1
+    ) AS following
+)
+"""
+
 _CLAIM_SQL = """
 WITH RECURSIVE
 served(queue) AS ({served}),
@@ -170,18 +230,22 @@ eligible(kinds) AS (
     SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
     WHERE NOT EXISTS (SELECT 1 FROM room WHERE room.kind = known.kind AND room.room < 1)
 ),
--- For each served queue and tier, the due jobs in claim order. Each lateral
--- scan is a range of the partial claim index (queue, priority, run_at, id), so
--- its cost does not grow with the backlog. SKIP LOCKED passes over rows that
--- another worker is claiming right now instead of waiting for it.
+{slots},
+-- For each slot, the due jobs in claim order. Each lateral scan is a range of
+-- the partial claim index (queue, priority, rank, run_at, id), so its cost does
+-- not grow with the backlog. SKIP LOCKED passes over rows that another worker
+-- is claiming right now instead of waiting for it.
 pool AS (
-    SELECT c.id, c.kind, c.priority, c.run_at, tiers.clock, tiers.stride
-    FROM served
-    CROSS JOIN tiers
+    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, tiers.clock, tiers.stride
+    FROM slots
+    JOIN tiers ON tiers.priority = slots.priority
     CROSS JOIN LATERAL (
-        SELECT id, kind, priority, run_at FROM {table}
-        WHERE state = 'ready' AND queue = served.queue AND priority = tiers.priority
-          AND run_at <= now() AND kind = ANY((SELECT kinds FROM eligible)::text[])
+        SELECT id, kind, priority, rank, run_at FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+          AND rank = slots.rank AND run_at <= now()
+          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
+               -- Django Tasks jobs, whatever their function (NULL: none).
+               OR starts_with(kind, %(kind_prefix)s::text))
           -- A dedup follow-up waits behind the running job of its key.
           AND (dedup_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM {table} AS ahead
@@ -191,12 +255,12 @@ pool AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
-    WHERE served.queue IS NOT NULL
 ),
 -- Weighted turns: the k-th candidate of a tier comes at clock + k * stride.
 ranked AS (
     SELECT id, kind, priority,
-           clock + stride * row_number() OVER (PARTITION BY priority ORDER BY run_at, id) AS turn
+           clock + stride * row_number() OVER (PARTITION BY priority ORDER BY rank, run_at, id)
+               AS turn
     FROM pool
 ),
 -- A capped kind contributes no more candidates than its room.
@@ -206,13 +270,18 @@ capped AS (
     FROM ranked
 ),
 chosen AS (
-    SELECT capped.id FROM capped LEFT JOIN room ON room.kind = capped.kind
+    SELECT capped.id, capped.kind FROM capped LEFT JOIN room ON room.kind = capped.kind
     WHERE room.room IS NULL OR capped.kind_rank <= room.room
     ORDER BY capped.turn, capped.priority
     LIMIT %(limit)s
 ),
 leases(kind, seconds) AS (
     SELECT * FROM unnest(%(kinds)s::text[], %(lease_seconds)s::float8[])
+),
+-- Each chosen job's lease: its kind's, or the prefix lease for a Django Tasks job.
+leased AS (
+    SELECT chosen.id, coalesce(leases.seconds, %(prefix_lease_seconds)s::float8) AS seconds
+    FROM chosen LEFT JOIN leases ON leases.kind = chosen.kind
 )
 UPDATE {table} AS job
 SET state = 'running',
@@ -220,13 +289,15 @@ SET state = 'running',
     claim_token = %(token)s,
     claimed_by = %(worker)s,
     started_at = now(),
-    lease_expires_at = now() + make_interval(secs => leases.seconds)
-FROM leases
+    lease_expires_at = now() + make_interval(secs => leased.seconds)
+FROM leased
 -- = ANY(ARRAY(...)) makes the planner fetch the chosen rows by primary key
 -- instead of hash-joining a scan of the whole table, whatever its estimates.
-WHERE job.id = ANY(ARRAY(SELECT id FROM chosen)) AND leases.kind = job.kind
-RETURNING job.id, job.kind, job.queue, job.priority, job.payload, job.carry, job.attempt,
-          job.failures, job.enqueued_at, job.started_at, leases.seconds
+WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
+-- payload and carry as text: the same on either path (prepared results come in
+-- binary, where psycopg would decode jsonb itself; Django's loads it as text).
+RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
+          job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds
 """
 
 
@@ -236,7 +307,9 @@ def postgresql_statement(
     """The claim statement and its parameters (for the claim, and for EXPLAIN)."""
     table = connections[alias].ops.quote_name(Job._meta.db_table)
     served = _SERVED_QUEUES_ALL if request.queues is None else _SERVED_QUEUES_LISTED
-    sql = _CLAIM_SQL.format(served=served.format(table=table), table=table)
+    sql = _CLAIM_SQL.format(
+        served=served.format(table=table), slots=_SLOTS.format(table=table), table=table
+    )
     params = {
         "queues": list(request.queues or []),
         "tiers": list(TIERS),
@@ -247,6 +320,10 @@ def postgresql_statement(
         "limit_kinds": [limit.kind for limit in request.limits],
         "global_caps": [limit.global_cap for limit in request.limits],
         "local_rooms": [limit.local_room for limit in request.limits],
+        "kind_prefix": request.kind_prefix,
+        "prefix_lease_seconds": (
+            None if request.prefix_lease is None else request.prefix_lease.total_seconds()
+        ),
         "limit": request.limit,
         "token": token,
         "worker": request.worker,
@@ -257,15 +334,15 @@ def postgresql_statement(
 def _claim_postgresql(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> list[ClaimedJob]:
-    connection = connections[alias]
     sql, params = postgresql_statement(alias, request, clock, token)
     globally_capped = any(limit.global_cap is not None for limit in request.limits)
-    in_transaction = transaction.atomic(using=alias) if globally_capped else nullcontext()
-    with in_transaction, connection.cursor() as cursor:
+    if globally_capped:  # the SETs of the session would not outlast the transaction
+        statements.prime_session(alias, statements.WORKER_SESSION)
+    with transaction.atomic(using=alias) if globally_capped else nullcontext():
         if globally_capped:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CAPS_LOCK_KEY])
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+            statements.fetch(alias, "SELECT pg_advisory_xact_lock(%s)", [CAPS_LOCK_KEY])
+        # The claiming connection is the worker's own: no JIT for its statements.
+        rows = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
     jobs = [
         ClaimedJob(
             id=row[0],
@@ -286,17 +363,14 @@ def _claim_postgresql(
     return sorted(jobs, key=lambda job: job.id)
 
 
-def _json(value: Any) -> Any:
-    # Raw cursors return jsonb already decoded by psycopg; text if a caller cast it.
-    if isinstance(value, str):
-        return json.loads(value)
-    return value
+def _json(value: str | None) -> Any:
+    # The statement casts jsonb to text, so a JSON string payload stays unambiguous.
+    return None if value is None else json.loads(value)
 
 
 def _claim_orm(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> list[ClaimedJob]:
-    lease_of = dict(zip(request.kinds, request.leases, strict=True))
     with transaction.atomic(using=alias):
         now = timezone.now()
         room = _room_orm(alias, request.limits)
@@ -306,7 +380,8 @@ def _claim_orm(
         )
         due = (
             Job.objects.using(alias)
-            .filter(state=State.READY, run_at__lte=now, kind__in=kinds)
+            .filter(state=State.READY, run_at__lte=now)
+            .filter(_claimable_kinds(kinds, request.kind_prefix))
             .exclude(Q(dedup_key__isnull=False) & Exists(running_same_key))
         )
         if request.queues is not None:
@@ -315,7 +390,7 @@ def _claim_orm(
         for tier in TIERS:
             rows = list(
                 due.filter(priority=tier)
-                .order_by("run_at", "id")
+                .order_by("rank", "run_at", "id")
                 .values_list("id", "kind")[: request.limit]
             )
             turns = clock.turns(tier, len(rows))
@@ -339,7 +414,7 @@ def _claim_orm(
                 claim_token=token,
                 claimed_by=request.worker,
                 started_at=now,
-                lease_expires_at=now + lease_of[kind],
+                lease_expires_at=now + request.lease_of(kind),
             )
     return [
         ClaimedJob.from_row(
@@ -347,10 +422,17 @@ def _claim_orm(
             attempt=job.attempt + 1,
             started_at=now,
             claim_token=token,
-            lease=lease_of[job.kind],
+            lease=request.lease_of(job.kind),
         )
         for job in jobs
     ]
+
+
+def _claimable_kinds(kinds: Sequence[str], prefix: str | None) -> Q:
+    claimable = Q(kind__in=list(kinds))
+    if prefix is not None:
+        claimable |= Q(kind__startswith=prefix)
+    return claimable
 
 
 def _room_orm(alias: str, limits: Sequence[KindLimit]) -> dict[str, int]:
@@ -373,29 +455,31 @@ def _room_orm(alias: str, limits: Sequence[KindLimit]) -> dict[str, int]:
 
 
 _NEXT_DUE_SQL = """
-WITH RECURSIVE served(queue) AS ({served})
+WITH RECURSIVE served(queue) AS ({served}),
+{slots}
 SELECT extract(epoch FROM min(upcoming.run_at) - now())
-FROM served
-CROSS JOIN unnest(%(tiers)s::smallint[]) AS tiers(priority)
+FROM slots
 CROSS JOIN LATERAL (
     SELECT run_at FROM {table}
-    WHERE state = 'ready' AND queue = served.queue AND priority = tiers.priority
-      AND run_at > now() AND kind = ANY(%(kinds)s::text[])
+    WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+      AND rank = slots.rank AND run_at > now()
+      AND (kind = ANY(%(kinds)s::text[]) OR starts_with(kind, %(kind_prefix)s::text))
     ORDER BY run_at
     LIMIT 1
 ) AS upcoming
-WHERE served.queue IS NOT NULL
 """
 
 
 def seconds_until_next_due(alias: str, request: ClaimRequest) -> float | None:
     """How long until the earliest job scheduled in the future becomes due, or None."""
-    if not request.kinds:
+    if not request.claims_some_kind():
         return None
     connection = connections[alias]
     if connection.vendor != "postgresql":
-        upcoming = Job.objects.using(alias).filter(
-            state=State.READY, run_at__gt=timezone.now(), kind__in=list(request.kinds)
+        upcoming = (
+            Job.objects.using(alias)
+            .filter(state=State.READY, run_at__gt=timezone.now())
+            .filter(_claimable_kinds(request.kinds, request.kind_prefix))
         )
         if request.queues is not None:
             upcoming = upcoming.filter(queue__in=list(request.queues))
@@ -403,13 +487,14 @@ def seconds_until_next_due(alias: str, request: ClaimRequest) -> float | None:
         return None if earliest is None else (earliest - timezone.now()).total_seconds()
     table = connection.ops.quote_name(Job._meta.db_table)
     served = _SERVED_QUEUES_ALL if request.queues is None else _SERVED_QUEUES_LISTED
-    sql = _NEXT_DUE_SQL.format(served=served.format(table=table), table=table)
+    sql = _NEXT_DUE_SQL.format(
+        served=served.format(table=table), slots=_SLOTS.format(table=table), table=table
+    )
     params = {
         "queues": list(request.queues or []),
-        "tiers": list(TIERS),
         "kinds": list(request.kinds),
+        "kind_prefix": request.kind_prefix,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
-        row = cursor.fetchone()
+    rows = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
+    row = rows[0] if rows else None
     return None if row is None or row[0] is None else float(row[0])

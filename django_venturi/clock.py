@@ -20,13 +20,20 @@ def now_expression(alias: str) -> Now | datetime:
     return Now() if connections[alias].vendor == "postgresql" else timezone.now()
 
 
-def database_time(alias: str) -> datetime:
-    """The current database time, as a value."""
+def database_time(alias: str, *, statement: bool = False) -> datetime:
+    """The current database time, as a value.
+
+    By default the time the current transaction started (`now()`), so it agrees
+    with every `now()` the same transaction writes. With `statement=True` the
+    time this statement started, which is what a read-only report wants: rows
+    written with Django's `Now()` (`STATEMENT_TIMESTAMP()` on PostgreSQL) later
+    in a long transaction are not in its future.
+    """
     connection = connections[alias]
     if connection.vendor != "postgresql":
         return timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
+        cursor.execute("SELECT statement_timestamp()" if statement else "SELECT now()")
         row = cursor.fetchone()
     assert row is not None and isinstance(row[0], datetime)
     return row[0]

@@ -9,18 +9,23 @@ Many verdicts are written in one transaction (group commit); on PostgreSQL in
 one statement. A keyed job going back to `ready` first absorbs the ready
 follow-up of its key, if any (`dedup.fold_returning`), so that the write never
 breaks the one-ready-job-per-key index.
+
+A job whose cancel was requested while it ran (`venturi.cancel()`) never goes
+back to `ready`: a verdict that would requeue it (paused, retry, timeout)
+cancels it instead, even if the worker had not heard of the request yet.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from django_venturi import dedup
+from django_venturi import dedup, statements
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.verdicts import Verdict
@@ -42,17 +47,25 @@ WITH verdict AS (
         %(states)s::text[], %(outcomes)s::text[], %(delays)s::interval[],
         %(set_carry)s::boolean[], %(carries)s::text[], %(failed)s::integer[],
         %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[],
-        %(workers)s::text[]
+        %(workers)s::text[], %(set_progress)s::boolean[], %(progress)s::text[],
+        %(set_result)s::boolean[], %(results)s::text[]
     ) AS v(id, token, attempt, started_at, state, outcome, delay, set_carry, carry, failed,
-           error_type, error_message, traceback, worker)
+           error_type, error_message, traceback, worker, set_progress, progress, set_result,
+           result)
 ),
 -- The fence: only a job still running under this claim token changes.
 applied AS (
     UPDATE {job} AS job
-    SET state = verdict.state,
+    -- A cancel asked while the job ran turns a requeue into `cancelled`.
+    SET state = CASE WHEN verdict.state = 'ready' AND job.cancel_requested_at IS NOT NULL
+                     THEN %(cancelled)s ELSE verdict.state END,
         run_at = CASE WHEN verdict.state = 'ready' THEN now() + verdict.delay ELSE job.run_at END,
-        finished_at = CASE WHEN verdict.state = ANY(%(finished)s::text[]) THEN now() END,
+        finished_at = CASE WHEN verdict.state = ANY(%(finished)s::text[])
+                             OR job.cancel_requested_at IS NOT NULL THEN now() END,
+        progress = CASE WHEN verdict.set_progress THEN verdict.progress::jsonb
+                        ELSE job.progress END,
         carry = CASE WHEN verdict.set_carry THEN verdict.carry::jsonb ELSE job.carry END,
+        result = CASE WHEN verdict.set_result THEN verdict.result::jsonb ELSE job.result END,
         failures = job.failures + verdict.failed,
         last_error = CASE WHEN verdict.error_type = '' THEN job.last_error
                           ELSE verdict.error_type || ': ' || verdict.error_message END,
@@ -61,13 +74,16 @@ applied AS (
     FROM verdict
     WHERE job.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the estimates
       AND job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
-    RETURNING job.id
+    RETURNING job.id, job.state
 )
 INSERT INTO {journal}
     (job_id, attempt, worker, started_at, finished_at, outcome, error_type, error_message,
      traceback)
 SELECT verdict.id, verdict.attempt, verdict.worker, verdict.started_at, now(),
-       CASE WHEN applied.id IS NULL THEN %(discarded)s ELSE verdict.outcome END,
+       CASE WHEN applied.id IS NULL THEN %(discarded)s
+            -- A requeue turned into a cancel (not a dedup fold, whose verdict says so).
+            WHEN applied.state = %(cancelled)s AND verdict.state = 'ready' THEN %(cancelled)s
+            ELSE verdict.outcome END,
        verdict.error_type, verdict.error_message, verdict.traceback
 FROM verdict LEFT JOIN applied ON applied.id = verdict.id
 -- Rows of jobs deleted meanwhile (cleanup) have nothing to attach to.
@@ -98,15 +114,24 @@ def _write_postgresql(alias: str, worker: str, verdicts: Sequence[Verdict]) -> s
         "tracebacks": [v.error.traceback for v in verdicts],
         "finished": [state.value for state in FINISHED_STATES],
         "workers": [v.worker or worker for v in verdicts],
+        "set_result": [v.set_result for v in verdicts],
+        "results": [json.dumps(v.result) if v.set_result else None for v in verdicts],
         "discarded": JournalOutcome.DISCARDED.value,
+        "cancelled": State.CANCELLED.value,
+        "set_progress": [v.set_progress for v in verdicts],
+        "progress": [json.dumps(v.progress) if v.set_progress else None for v in verdicts],
     }
-    with transaction.atomic(using=alias):
+    # Only a job going back to `ready` can need a dedup fold (more statements, one
+    # transaction); otherwise the verdicts are one statement, atomic on its own,
+    # which spares the BEGIN and COMMIT round trips.
+    may_fold = any(v.state == State.READY for v in verdicts)
+    if may_fold:  # the SETs of the session would not outlast the transaction
+        statements.prime_session(alias, statements.WORKER_SESSION)
+    with transaction.atomic(using=alias) if may_fold else nullcontext():
         written, folds = dedup.fold_returning(alias, verdicts)
         if written != list(verdicts):
             params["states"] = [v.state.value for v in written]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
-            rows = cursor.fetchall()
+        rows = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
         dedup.finish_folds(alias, folds)
     return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
 
@@ -137,13 +162,25 @@ def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]
                 changes["finished_at"] = now
             if verdict.set_carry:
                 changes["carry"] = verdict.carry
+            if verdict.set_progress:
+                changes["progress"] = verdict.progress
+            if verdict.set_result:
+                changes["result"] = verdict.result
             if verdict.error.type:
                 changes["last_error"] = f"{verdict.error.type}: {verdict.error.message}"
-            updated = (
-                Job.objects.using(alias)
-                .filter(id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING)
-                .update(**changes)
+            fenced = Job.objects.using(alias).filter(
+                id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
             )
+            outcome = verdict.outcome
+            if verdict.state == State.READY:
+                # A cancel asked while the job ran turns a requeue into `cancelled`.
+                updated = fenced.filter(cancel_requested_at__isnull=True).update(**changes)
+                if not updated:
+                    changes.update(state=State.CANCELLED, finished_at=now)
+                    updated = fenced.update(**changes)
+                    outcome = JournalOutcome.CANCELLED
+            else:
+                updated = fenced.update(**changes)
             if updated:
                 applied.add(verdict.job.id)
             entries.append(
@@ -153,7 +190,7 @@ def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]
                     worker=verdict.worker or worker,
                     started_at=verdict.job.started_at,
                     finished_at=now,
-                    outcome=verdict.outcome if updated else JournalOutcome.DISCARDED,
+                    outcome=outcome if updated else JournalOutcome.DISCARDED,
                     error_type=verdict.error.type,
                     error_message=verdict.error.message,
                     traceback=verdict.error.traceback,

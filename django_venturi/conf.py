@@ -6,10 +6,13 @@ override it with `override_settings`. `checks.py` validates every key.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
@@ -26,16 +29,38 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_TIMEOUT": timedelta(seconds=30),
     "NOTIFY_CHANNEL": "venturi",
     "PRIORITY_WEIGHTS": (6, 3, 1),
+    "PREPARED_STATEMENTS": True,
+    "TIMEOUT_GRACE": timedelta(seconds=10),
+    "TESTING_EAGER": False,
+    "PERIODIC": [],
+    "PERIODIC_INTERVAL": timedelta(seconds=5),
+    "PERIODIC_CATCH_UP": None,
+    "RETENTION": None,
+    "METRICS": False,
 }
 
 
 class VenturiSettings:
-    """Typed access to `settings.VENTURI`; each attribute falls back to its default."""
+    """Typed access to `settings.VENTURI`; each attribute falls back to its default.
+
+    The dict is looked up once and kept until Django says the setting changed
+    (`override_settings`, pytest-django's `settings`): a project without
+    `VENTURI` would otherwise pay for a failed attribute lookup on Django's
+    settings at every read, several times per enqueue.
+    """
+
+    _cached: dict[str, Any] | None = None
 
     @property
     def _user(self) -> dict[str, Any]:
-        value = getattr(django_settings, "VENTURI", {})
-        return value if isinstance(value, dict) else {}
+        if self._cached is None:
+            value = getattr(django_settings, "VENTURI", {})
+            self._cached = value if isinstance(value, dict) else {}
+        return self._cached
+
+    def forget(self) -> None:
+        """Read `settings.VENTURI` again at the next access."""
+        self._cached = None
 
     def _get(self, name: str) -> Any:
         return self._user.get(name, DEFAULTS[name])
@@ -113,6 +138,63 @@ class VenturiSettings:
         high, normal, low = self._get("PRIORITY_WEIGHTS")
         return int(high), int(normal), int(low)
 
+    @property
+    def PREPARED_STATEMENTS(self) -> bool:
+        """Prepare the claim, verdict and enqueue statements server-side (PostgreSQL)."""
+        return bool(self._get("PREPARED_STATEMENTS"))
+
+    @property
+    def TIMEOUT_GRACE(self) -> timedelta:
+        """How long a sync handler past its task's `timeout` may take to return."""
+        return as_timedelta(self._get("TIMEOUT_GRACE"))
+
+    @property
+    def TESTING_EAGER(self) -> bool:
+        """Run each job inline, in the enqueuing process, as it is enqueued (tests only)."""
+        return bool(self._get("TESTING_EAGER"))
+
+    @property
+    def PERIODIC(self) -> list[dict[str, Any]]:
+        """Periodic schedules declared in settings: dicts with task, cron, timezone, payload."""
+        return list(self._get("PERIODIC"))
+
+    @property
+    def PERIODIC_INTERVAL(self) -> timedelta:
+        """How often each worker looks for periodic ticks that came due."""
+        return as_timedelta(self._get("PERIODIC_INTERVAL"))
+
+    @property
+    def PERIODIC_CATCH_UP(self) -> timedelta | None:
+        """How late a missed tick may still be enqueued; None: the latest missed tick always."""
+        value = self._get("PERIODIC_CATCH_UP")
+        return None if value is None else as_timedelta(value)
+
+    @property
+    def RETENTION(self) -> dict[str, timedelta]:
+        """Finished state -> how long its jobs are kept; workers delete older ones. {}: keep all."""
+        value = self._get("RETENTION") or {}
+        return {str(state): as_age(age) for state, age in value.items()}
+
+    @property
+    def METRICS(self) -> bool:
+        """Record OpenTelemetry metrics and spans (needs the `metrics` extra)."""
+        return bool(self._get("METRICS"))
+
+
+AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def as_age(value: Any) -> timedelta:
+    """Accept a timedelta, a number of seconds, or text like `30m`, `12h`, `7d`, `2w`."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
+        if not match:
+            raise ValueError(f"expected an age like 7d, 12h or 30m, got {value!r}")
+        return timedelta(**{AGE_UNITS[match[2]]: float(match[1])})
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise ValueError(f"expected a timedelta, seconds or an age like 7d, got {value!r}")
+    return as_timedelta(value)
+
 
 def as_timedelta(value: Any) -> timedelta:
     """Accept a timedelta or a number of seconds."""
@@ -122,3 +204,9 @@ def as_timedelta(value: Any) -> timedelta:
 
 
 venturi_settings = VenturiSettings()
+
+
+@receiver(setting_changed)
+def _forget_changed_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting == "VENTURI":
+        venturi_settings.forget()

@@ -144,7 +144,9 @@ class Existing(Generic[P]):
         self.run_at = run_at
         """When it is (or was) due."""
         self.priority = priority
+        """Its priority tier."""
         self.enqueued_at = enqueued_at
+        """When it was first enqueued."""
         self.merged_count = merged_count
         """Enqueues merged into it so far."""
 

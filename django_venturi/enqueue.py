@@ -1,8 +1,8 @@
 """Writing jobs: one or many rows inside the caller's transaction.
 
 On PostgreSQL one statement inserts the rows and sends one NOTIFY per queue
-(delivered by PostgreSQL at commit, so a rolled-back enqueue wakes nobody). The
-payloads go in as arrays (`unnest`), so a batch is one round trip. Other
+(delivered by PostgreSQL at commit, so a rolled-back enqueue wakes nobody). A
+batch goes in as one JSON document of rows, so it is one round trip. Other
 databases use the ORM.
 
 Jobs with a dedup key take another path, one job at a time: see `dedup.py`.
@@ -10,6 +10,7 @@ Jobs with a dedup key take another path, one job at a time: see `dedup.py`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.models import NOT_PROVIDED
 from django.utils import timezone
 
+from django_venturi import statements
 from django_venturi.conf import venturi_settings
 from django_venturi.dedup import key_of
 from django_venturi.models import Job
@@ -181,9 +184,8 @@ _INSERT_ONE_SQL = """
 
 
 def _insert_one_postgresql(alias: str, job: NewJob) -> Job:
-    """One job: a plain VALUES insert, cheaper to plan than the array form."""
-    connection = connections[alias]
-    sql = _INSERT_ONE_SQL.format(table=connection.ops.quote_name(Job._meta.db_table))
+    """One job: a plain VALUES insert, cheaper to plan than the batch form."""
+    sql = _on_job_table(alias, _INSERT_ONE_SQL)
     params: list[Any] = [
         job.kind,
         job.queue,
@@ -194,61 +196,77 @@ def _insert_one_postgresql(alias: str, job: NewJob) -> Job:
         job.delay,
         venturi_settings.NOTIFY_CHANNEL,
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    assert row is not None
+    (row,) = statements.fetch(alias, sql, params)
     return _loaded(alias, job, id=row[0], run_at=row[1], enqueued_at=row[2])
+
+
+def _on_job_table(alias: str, template: str) -> str:
+    """`template` with `{table}` filled in: the quoted name of the job table on `alias`."""
+    return _formatted(template, connections[alias].ops.quote_name(Job._meta.db_table))
+
+
+@functools.cache
+def _formatted(template: str, table: str) -> str:
+    return template.format(table=table)
 
 
 def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
     if len(new_jobs) == 1:
         return [_insert_one_postgresql(alias, new_jobs[0])]
-    connection = connections[alias]
-    table = connection.ops.quote_name(Job._meta.db_table)
-    # Rows come in as parallel arrays: one statement, one round trip, any batch size.
-    # `ord` keeps the RETURNING order equal to the input order.
-    # The NOTIFY payload is the queue name only, never job arguments; PostgreSQL
-    # folds identical notifications of one transaction into one.
-    sql = f"""
-        WITH rows AS (
-            SELECT * FROM unnest(
-                %s::text[], %s::text[], %s::smallint[], %s::text[],
-                %s::timestamptz[], %s::interval[]
-            ) WITH ORDINALITY AS r(kind, queue, priority, payload, run_at, delay, ord)
-        ),
-        inserted AS (
-            INSERT INTO {table}
-                (kind, queue, priority, state, payload, attempt, failures,
-                 run_at, enqueued_at, claimed_by, last_error)
-            SELECT kind, queue, priority, %s, payload::jsonb, 0, 0,
-                   coalesce(run_at, now() + coalesce(delay, interval '0')), now(), '', ''
-            FROM rows ORDER BY ord
-            RETURNING id, queue, run_at, enqueued_at
-        ),
-        notified AS (
-            SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
-        )
-        SELECT id, run_at, enqueued_at, (SELECT count(*) FROM notified) FROM inserted
-        ORDER BY id
-    """  # noqa: S608 - identifiers are quoted, values are parameters
-    params = [
-        [job.kind for job in new_jobs],
-        [job.queue for job in new_jobs],
-        [job.priority for job in new_jobs],
-        [json.dumps(job.payload) for job in new_jobs],
-        [job.run_at for job in new_jobs],
-        [job.delay for job in new_jobs],
-        State.READY.value,
-        venturi_settings.NOTIFY_CHANNEL,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)  # type: ignore[arg-type] # arrays are fine for psycopg
-        rows = cursor.fetchall()
+    params = [_rows_document(new_jobs), State.READY.value, venturi_settings.NOTIFY_CHANNEL]
+    rows = statements.fetch(alias, _on_job_table(alias, _INSERT_MANY_SQL), params)
     return [
         _loaded(alias, job, id=row[0], run_at=row[1], enqueued_at=row[2])
         for job, row in zip(new_jobs, rows, strict=True)
     ]
+
+
+# The rows come in as one JSON document, `[[kind, queue, priority, payload, run_at,
+# delay seconds], ...]`: one parameter however many rows, dumped by the json module
+# in C, where arrays of text would be quoted element by element. `ord` keeps the
+# RETURNING order equal to the input order. The NOTIFY payload is the queue name
+# only, never job arguments; PostgreSQL folds identical notifications of one
+# transaction into one.
+_INSERT_MANY_SQL = """
+    WITH rows AS (
+        SELECT r.value ->> 0 AS kind, r.value ->> 1 AS queue,
+               (r.value ->> 2)::smallint AS priority, r.value -> 3 AS payload,
+               (r.value ->> 4)::timestamptz AS run_at,
+               make_interval(secs => (r.value ->> 5)::float8) AS delay, r.ord
+        FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS r(value, ord)
+    ),
+    inserted AS (
+        INSERT INTO {table}
+            (kind, queue, priority, state, payload, attempt, failures,
+             run_at, enqueued_at, claimed_by, last_error)
+        SELECT kind, queue, priority, %s, payload, 0, 0,
+               coalesce(run_at, now() + coalesce(delay, interval '0')), now(), '', ''
+        FROM rows ORDER BY ord
+        RETURNING id, queue, run_at, enqueued_at
+    ),
+    notified AS (
+        SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
+    )
+    SELECT id, run_at, enqueued_at, (SELECT count(*) FROM notified) FROM inserted
+    ORDER BY id
+"""
+
+
+def _rows_document(new_jobs: Sequence[NewJob]) -> str:
+    return json.dumps(
+        [
+            [
+                job.kind,
+                job.queue,
+                job.priority,
+                job.payload,
+                None if job.run_at is None else job.run_at.isoformat(),
+                None if job.delay is None else job.delay.total_seconds(),
+            ]
+            for job in new_jobs
+        ],
+        separators=(",", ":"),
+    )
 
 
 def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
@@ -296,8 +314,7 @@ def insert_keyed(alias: str, new_job: NewJob) -> Job | None:
         # just seen no ready job of this key, so nothing can be in the way.
         (job,) = _insert_orm(alias, [new_job])
         return job
-    connection = connections[alias]
-    sql = _INSERT_KEYED_SQL.format(table=connection.ops.quote_name(Job._meta.db_table))
+    sql = _on_job_table(alias, _INSERT_KEYED_SQL)
     params = [
         new_job.kind,
         new_job.queue,
@@ -309,16 +326,20 @@ def insert_keyed(alias: str, new_job: NewJob) -> Job | None:
         new_job.delay,
         venturi_settings.NOTIFY_CHANNEL,
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)  # type: ignore[arg-type] # a timedelta is fine for psycopg
-        row = cursor.fetchone()
-    if row is None:
+    rows = statements.fetch(alias, sql, params)
+    if not rows:
         return None
+    row = rows[0]
     return _loaded(alias, new_job, id=row[0], run_at=row[1], enqueued_at=row[2])
 
 
 def _loaded(alias: str, new_job: NewJob, **values: Any) -> Job:
-    job = Job(
+    """The `Job` of a row just inserted, built from what we sent and what came back.
+
+    Built positionally (`Model.from_db`): Django's keyword `__init__` looks up the
+    default of every field not given, which made up half of `enqueue_many`.
+    """
+    values.update(
         kind=new_job.kind,
         queue=new_job.queue,
         priority=new_job.priority,
@@ -326,8 +347,31 @@ def _loaded(alias: str, new_job: NewJob, **values: Any) -> Job:
         payload=new_job.payload,
         dedup_key=new_job.dedup_key,
         merged_count=0,
-        **values,
     )
-    job._state.adding = False
-    job._state.db = alias
-    return job
+    names, defaults = _fields_and_defaults()
+    row = [
+        values[name] if name in values else default() if callable(default) else default
+        for name, default in zip(names, defaults, strict=True)
+    ]
+    return Job.from_db(alias, names, row)
+
+
+@functools.cache
+def _fields_and_defaults() -> tuple[list[str], list[Any]]:
+    """`Job`'s concrete fields in order, with what a new row holds when not told.
+
+    A default is the value itself, or a callable for a new value per row (a
+    field's callable `default`, such as `dict`).
+    """
+    names: list[str] = []
+    defaults: list[Any] = []
+    for field in Job._meta.concrete_fields:
+        names.append(field.attname)
+        db_default = getattr(field, "db_default", NOT_PROVIDED)
+        if db_default is not NOT_PROVIDED and not hasattr(db_default, "resolve_expression"):
+            defaults.append(db_default)
+        elif field.has_default() and callable(field.default):
+            defaults.append(field.default)
+        else:
+            defaults.append(field.get_default())
+    return names, defaults

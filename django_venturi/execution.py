@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from django_venturi import verdicts
+from django_venturi import backend_runner, verdicts
 from django_venturi.claim import ClaimedJob
 from django_venturi.codec import PayloadError
-from django_venturi.context import Context
+from django_venturi.context import Context, Flag
 from django_venturi.registry import TaskSpec, UnknownKind, registry
+from django_venturi.states import JournalOutcome
 from django_venturi.verdicts import ErrorInfo, Verdict
 
 
@@ -24,14 +26,55 @@ class Execution:
         database: str,
         stop: threading.Event,
         heartbeat: Callable[[Execution], bool],
+        worker: str = "",
     ) -> None:
         self.job = job
-        self.lease_lost = threading.Event()
+        self.worker = worker
+        """The name of the worker running it."""
+        self.database = database
+        self.lease_lost = Flag()
+        self.cancel_requested = Flag()
+        """Set when `venturi.cancel()` asked for this job while it runs."""
+        self.timed_out = Flag()
+        """Set when the run passed its task's timeout."""
         self.started: float | None = None
         """`time.monotonic()` when the handler started."""
+        self.abandoned = False
+        """The worker gave up waiting (timeout past the grace): its late result is dropped."""
+        self.replaced = False
+        """When abandoned: a replacement handler thread took over this one's slot."""
         self._database = database
         self._stop = stop
         self._heartbeat = heartbeat
+        self._progress_lock = threading.Lock()
+        self._progress: dict[str, Any] | None = None
+        self._progress_dirty = False
+
+    # ------------------------------------------------------------ progress
+
+    def record_progress(self, progress: dict[str, Any]) -> None:
+        """Keep the latest `ctx.progress()`; the completer writes it (throttled)."""
+        with self._progress_lock:
+            self._progress = progress
+            self._progress_dirty = True
+
+    def take_progress(self) -> tuple[bool, dict[str, Any] | None]:
+        """The progress not written yet, if any (and mark it written)."""
+        with self._progress_lock:
+            dirty, self._progress_dirty = self._progress_dirty, False
+            return dirty, self._progress
+
+    # ------------------------------------------------------------ running
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the handler is an `async def` (run on the worker's event loop)."""
+        if backend_runner.is_tasks_job(self.job):
+            return backend_runner.is_async(self)
+        try:
+            return registry.get(self.job.kind).is_async
+        except UnknownKind:
+            return False  # prepare() turns it into a permanent failure
 
     def prepare(self) -> tuple[TaskSpec, Any, Context] | Verdict:
         """Decode the row into its task; a row that does not fit is a permanent failure."""
@@ -55,31 +98,59 @@ class Execution:
             stop=self._stop,
             lease_lost=self.lease_lost,
             heartbeat=lambda: self._heartbeat(self),
+            cancel_requested=self.cancel_requested,
+            timed_out=self.timed_out,
+            on_progress=self.record_progress,
         )
         return spec, instance, context
 
     def run_sync(self) -> Verdict:
         """Run a sync handler in the calling thread."""
+        if backend_runner.is_tasks_job(self.job):
+            return backend_runner.run_sync(self)
         prepared = self.prepare()
         if isinstance(prepared, Verdict):
-            return prepared
+            return self._judged(prepared)
         spec, instance, context = prepared
         try:
             result = instance.handle(context)
         except BaseException as error:
             # The handler boundary: even SystemExit from a handler must become a
             # verdict, or its thread would die and the job stay held forever.
-            return verdicts.from_exception(self.job, spec, error)
-        return verdicts.from_outcome(self.job, spec, result)
+            # Raised after the timeout asked it to stop: the journal says `timeout`.
+            outcome = JournalOutcome.TIMEOUT if self.timed_out.is_set() else JournalOutcome.RETRY
+            return self._judged(verdicts.from_exception(self.job, spec, error, outcome=outcome))
+        return self._judged(verdicts.from_outcome(self.job, spec, result))
 
     async def run_async(self) -> Verdict:
-        """Run an `async def` handler on the calling event loop."""
+        """Run an `async def` handler on the calling event loop, cancelled at its timeout."""
+        if backend_runner.is_tasks_job(self.job):
+            return await backend_runner.run_async(self)
         prepared = self.prepare()
         if isinstance(prepared, Verdict):
-            return prepared
+            return self._judged(prepared)
         spec, instance, context = prepared
+        limit = spec.timeout.total_seconds() if spec.timeout is not None else None
+        deadline = asyncio.timeout(limit)
         try:
-            result = await instance.handle(context)
+            async with deadline:
+                result = await instance.handle(context)
         except BaseException as error:  # the handler boundary, as in run_sync
-            return verdicts.from_exception(self.job, spec, error)
-        return verdicts.from_outcome(self.job, spec, result)
+            if deadline.expired():
+                self.timed_out.set()
+                return self._judged(self.timeout_verdict(spec, grace=""))
+            return self._judged(verdicts.from_exception(self.job, spec, error))
+        if deadline.expired():  # the handler swallowed its cancellation
+            self.timed_out.set()
+            return self._judged(self.timeout_verdict(spec, grace=""))
+        return self._judged(verdicts.from_outcome(self.job, spec, result))
+
+    def timeout_verdict(self, spec: TaskSpec | None, *, grace: str) -> Verdict:
+        assert spec is not None and spec.timeout is not None
+        return self._judged(verdicts.timed_out(self.job, spec, spec.timeout, grace))
+
+    def _judged(self, verdict: Verdict) -> Verdict:
+        """A cancel request overrides whatever the run produced."""
+        if self.cancel_requested.is_set() and verdict.outcome is not JournalOutcome.CANCELLED:
+            return verdicts.cancelled(self.job)
+        return verdict

@@ -45,6 +45,19 @@ def extend(alias: str, jobs: Iterable[ClaimedJob]) -> set[int]:
     return held
 
 
+def cancel_requests(alias: str, jobs: Iterable[ClaimedJob]) -> set[int]:
+    """The ids among `jobs`, still held by their claim, that `venturi.cancel()` asked to stop."""
+    tokens = {job.id: job.claim_token for job in jobs}
+    if not tokens:
+        return set()
+    rows = (
+        Job.objects.using(alias)
+        .filter(id__in=list(tokens), state=State.RUNNING, cancel_requested_at__isnull=False)
+        .values_list("id", "claim_token")
+    )
+    return {job_id for job_id, token in rows if tokens.get(job_id) == token}
+
+
 def recover_expired(alias: str, worker: str) -> list[int]:
     """Recover jobs whose lease ran out; return their ids.
 

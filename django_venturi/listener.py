@@ -1,7 +1,9 @@
 """LISTEN on PostgreSQL: one dedicated connection per worker process.
 
 Enqueues NOTIFY the channel with the queue name when they commit; the listener
-wakes the claim loop. If the connection drops, the worker still polls, and the
+wakes the claim loop. One connection carries several channels (the wake-up
+channel, and the cancel channel whose payloads are job ids), each with its own
+callback given the payload. If the connection drops, the worker still polls, and the
 listener reconnects with a capped backoff; after each (re)connect it wakes the
 loop once, since notifications sent while it was away are lost.
 """
@@ -33,12 +35,15 @@ def connection_params(alias: str) -> dict[str, Any]:
 
 
 class Listener:
-    """A thread that calls `on_notify` whenever a notification arrives on `channel`."""
+    """A thread that calls `channels[name](payload)` for each notification on a channel.
 
-    def __init__(self, *, alias: str, channel: str, on_notify: Callable[[], None]) -> None:
+    After each (re)connect every callback is called once with None: whatever
+    was sent while the listener was away is lost, so look again.
+    """
+
+    def __init__(self, *, alias: str, channels: dict[str, Callable[[str | None], None]]) -> None:
         self.alias = alias
-        self.channel = channel
-        self.on_notify = on_notify
+        self.channels = dict(channels)
         self.connected = threading.Event()
         self._stopped = threading.Event()
         self._params = connection_params(alias)
@@ -51,6 +56,15 @@ class Listener:
         self._stopped.set()
         self._thread.join(timeout=WAIT_SLICE + 1)
 
+    def _deliver(self, channel: str, payload: str) -> None:
+        callback = self.channels.get(channel)
+        if callback is None:
+            return
+        try:
+            callback(payload)
+        except Exception:  # a bad payload must not end the listener
+            logger.exception("listener callback for %s failed on %r", channel, payload)
+
     def _run(self) -> None:
         import psycopg
         from psycopg import sql
@@ -59,15 +73,17 @@ class Listener:
         while not self._stopped.is_set():
             try:
                 with psycopg.connect(**self._params, autocommit=True) as connection:
-                    connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    for channel in self.channels:
+                        connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self.connected.set()
                     if failures:
                         logger.warning("listener reconnected to %s", self.alias)
                     failures = 0
-                    self.on_notify()
+                    for callback in self.channels.values():
+                        callback(None)
                     while not self._stopped.is_set():
-                        for _ in connection.notifies(timeout=WAIT_SLICE):
-                            self.on_notify()
+                        for notify in connection.notifies(timeout=WAIT_SLICE):
+                            self._deliver(notify.channel, notify.payload)
             except psycopg.Error as error:
                 self.connected.clear()
                 if failures == 0:

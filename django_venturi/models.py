@@ -17,6 +17,10 @@ class Job(models.Model):
     kind = models.CharField(max_length=200, help_text="The registered task kind.")
     queue = models.CharField(max_length=100, default="default")
     priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
+    rank = models.SmallIntegerField(
+        db_default=0,
+        help_text="Order within the priority tier, lower first (a Django Tasks priority, negated).",
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
     payload = models.JSONField(help_text="The task's dataclass fields as typed JSON.")
     carry = models.JSONField(null=True, blank=True, help_text="The checkpoint of a paused job.")
@@ -42,14 +46,26 @@ class Job(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    result = models.JSONField(
+        null=True, blank=True, help_text="What the handler returned (Django Tasks jobs)."
+    )
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a cancel of this running job was asked."
+    )
+    progress = models.JSONField(
+        null=True, blank=True, help_text="The latest ctx.progress(): done, total, note, at."
+    )
+    periodic_tick = models.DateTimeField(
+        null=True, blank=True, help_text="The cron tick this periodic job was enqueued for."
+    )
 
     class Meta:
         indexes = [
             # The claim walks this index in order: ready jobs of one queue by
-            # priority tier, then due time, then enqueue order.
+            # priority tier and rank within it, then due time, then enqueue order.
             models.Index(
-                fields=["queue", "priority", "run_at", "id"],
-                name="venturi_job_claim_idx",
+                fields=["queue", "priority", "rank", "run_at", "id"],
+                name="venturi_job_claim_rank_idx",
                 condition=Q(state=State.READY),
             ),
             # The rescuer finds expired leases without looking at other rows.
@@ -97,6 +113,18 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=~Q(dedup_key=""), name="venturi_job_dedup_key_not_empty"
             ),
+            # Periodic jobs: one job per kind and cron tick, however many workers
+            # reach the tick at once.
+            models.UniqueConstraint(
+                fields=["kind", "periodic_tick"],
+                name="venturi_job_periodic_tick_uniq",
+                condition=Q(periodic_tick__isnull=False),
+            ),
+        ]
+        permissions = [
+            ("retry_job", "Can retry jobs now (admin action)"),
+            ("cancel_job", "Can cancel jobs (admin action)"),
+            ("cleanup_jobs", "Can clean up finished jobs (admin page)"),
         ]
 
     def __str__(self) -> str:
@@ -140,3 +168,33 @@ class JournalEntry(models.Model):
 
     def __str__(self) -> str:
         return f"job #{self.job_id} attempt {self.attempt}: {self.outcome}"
+
+
+class WorkerProcess(models.Model):
+    """One row per worker process, kept fresh by its heartbeat (the admin lists them)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(null=True, blank=True, help_text="The queues it serves; null: all.")
+    concurrency = models.PositiveIntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    running = models.PositiveIntegerField(default=0, help_text="Jobs held at the last heartbeat.")
+    processed = models.PositiveBigIntegerField(default=0, help_text="Verdicts written so far.")
+
+    class Meta:
+        verbose_name = "worker"
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PeriodicTask(Job):
+    """The admin's list of periodic schedules (a proxy: the schedules live in code and settings)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "periodic task"

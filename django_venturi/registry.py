@@ -17,6 +17,9 @@ from django_venturi.states import Priority
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
 MAX_KIND_LENGTH = 200
 MAX_QUEUE_LENGTH = 100
+TASKS_KIND_PREFIX = "tasks:"
+"""Kinds of Django Tasks jobs: this, then the task function's module path (see backend.py).
+Reserved: `@venturi.task` refuses kinds that start with it."""
 
 
 class UnknownKind(LookupError):
@@ -55,6 +58,8 @@ class TaskSpec:
     lease: timedelta | None
     concurrency: int | None
     carry: Any
+    timeout: timedelta | None = None
+    """How long one run may take before it is asked to stop (see worker timeouts)."""
 
     @property
     def is_async(self) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
+from django_venturi import registration
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
 from django_venturi.states import FINISHED_STATES, State
@@ -28,8 +29,13 @@ class CleanupResult:
     """What a cleanup deleted (or, with `dry_run`, would delete)."""
 
     jobs: int
+    """Jobs deleted."""
     journal_entries: int
+    """Journal entries deleted with them."""
     batches: int
+    """Transactions used, one per batch."""
+    workers: int = 0
+    """Registry rows of workers stopped (or silent) for longer than `older_than`."""
 
 
 def cleanup(
@@ -42,6 +48,8 @@ def cleanup(
     progress: Callable[[CleanupResult], None] | None = None,
 ) -> CleanupResult:
     """Delete jobs that finished more than `older_than` ago in `states`, with their journals.
+
+    Registry rows of workers stopped more than `older_than` ago go too.
 
     Only finished states are allowed: live jobs are never deleted. `progress`, if
     given, is called after each batch with the running totals.
@@ -82,4 +90,5 @@ def cleanup(
         batches += 1
         if progress is not None:
             progress(CleanupResult(jobs, entries, batches))
-    return CleanupResult(jobs, entries, batches)
+    workers = registration.prune(alias, older_than=older_than)
+    return CleanupResult(jobs, entries, batches, workers)

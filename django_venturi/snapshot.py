@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count, Min
 from django.db.models.functions import TruncMinute
 
+from django_venturi import registration
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
 from django_venturi.states import JournalOutcome, State
@@ -22,7 +23,12 @@ if TYPE_CHECKING:
     pass
 
 WINDOW = timedelta(hours=1)
-FAILING = (JournalOutcome.RETRY, JournalOutcome.FAILED, JournalOutcome.LEASE_EXPIRED)
+FAILING = (
+    JournalOutcome.RETRY,
+    JournalOutcome.FAILED,
+    JournalOutcome.LEASE_EXPIRED,
+    JournalOutcome.TIMEOUT,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,9 +38,57 @@ class Minute:
     start: datetime
     completed: int
     failed: int
-    """Runs that failed: retried, failed for good, or lost with their worker."""
+    """Runs that failed: retried, failed for good, timed out, or lost with their worker."""
     other: int
     """Paused, released, cancelled or discarded runs."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunningProgress:
+    """A running job's latest `ctx.progress()`."""
+
+    job_id: int
+    kind: str
+    queue: str
+    done: float
+    total: float | None
+    note: str
+    at: str
+    """When the handler reported it (ISO 8601, the worker's clock)."""
+
+    @property
+    def fraction(self) -> float | None:
+        """done / total, when the total is known and positive."""
+        return self.done / self.total if self.total else None
+
+
+PROGRESS_LIMIT = 100
+"""The most running jobs with progress a snapshot lists."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LiveWorker:
+    """A worker process that has not said it stopped, as its registry row shows it."""
+
+    name: str
+    host: str
+    pid: int
+    queues: list[str] | None
+    """The queues it serves; None: all."""
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    running: int
+    """Jobs it held at its last heartbeat."""
+    processed: int
+    stale: bool
+    """Its heartbeat is older than a few heartbeat intervals: killed, frozen or cut off."""
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["heartbeat_at"] = self.heartbeat_at.isoformat()
+        return data
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,21 +104,33 @@ class Stats:
     """queue -> how long its oldest due job has waited (the queue's latency)."""
     minutes: list[Minute]
     """The last hour, one entry per minute, oldest first."""
+    progress: list[RunningProgress] = dataclasses.field(default_factory=list)
+    """Running jobs that reported progress (at most `PROGRESS_LIMIT`, oldest job first)."""
+    workers: list[LiveWorker] = dataclasses.field(default_factory=list)
+    """Worker processes not stopped, newest first; stale ones included and marked."""
+
+    @property
+    def stale_workers(self) -> list[LiveWorker]:
+        return [worker for worker in self.workers if worker.stale]
 
     @property
     def ready(self) -> int:
+        """Ready jobs, due or not."""
         return sum(n for (state, _, _), n in self.live.items() if state == State.READY)
 
     @property
     def running(self) -> int:
+        """Running jobs."""
         return sum(n for (state, _, _), n in self.live.items() if state == State.RUNNING)
 
     @property
     def completed_last_hour(self) -> int:
+        """Runs that completed in the last hour."""
         return sum(minute.completed for minute in self.minutes)
 
     @property
     def failed_last_hour(self) -> int:
+        """Runs that failed in the last hour (retried, failed for good or lost)."""
         return sum(minute.failed for minute in self.minutes)
 
     @property
@@ -99,17 +165,23 @@ class Stats:
                 }
                 for minute in self.minutes
             ],
+            "progress": [dataclasses.asdict(item) for item in self.progress],
+            "workers": [worker.as_dict() for worker in self.workers],
         }
 
 
-def stats(*, using: str | None = None) -> Stats:
-    """Take a snapshot: live counts, due backlog and latency per queue, the last hour's runs."""
+def stats(*, using: str | None = None, stale_after: timedelta | None = None) -> Stats:
+    """Take a snapshot: live counts, due backlog and latency per queue, the last hour's runs.
+
+    Workers whose heartbeat is older than `stale_after` (default: three heartbeat
+    intervals) are marked stale.
+    """
     from django_venturi.models import (  # at call time: importing the package must not load models
         Job,
     )
 
     alias = using or venturi_settings.DATABASE
-    now = database_time(alias)
+    now = database_time(alias, statement=True)
     jobs = Job.objects.using(alias)
     live = {
         (row["state"], row["kind"], row["queue"]): row["jobs"]
@@ -130,7 +202,53 @@ def stats(*, using: str | None = None) -> Stats:
         due={row["queue"]: row["jobs"] for row in due_rows},
         oldest_due_age={row["queue"]: max(now - row["oldest"], timedelta(0)) for row in due_rows},
         minutes=_minutes(alias, now),
+        progress=_progress(alias),
+        workers=_workers(alias, now, stale_after),
     )
+
+
+def _progress(alias: str) -> list[RunningProgress]:
+    from django_venturi.models import Job  # at call time, as above
+
+    rows = (
+        Job.objects.using(alias)
+        .filter(state=State.RUNNING, progress__isnull=False)
+        .order_by("id")
+        .values_list("id", "kind", "queue", "progress")[:PROGRESS_LIMIT]
+    )
+    return [
+        RunningProgress(
+            job_id=job_id,
+            kind=kind,
+            queue=queue,
+            done=value.get("done", 0),
+            total=value.get("total"),
+            note=value.get("note", ""),
+            at=value.get("at", ""),
+        )
+        for job_id, kind, queue, value in rows
+        if isinstance(value, dict)
+    ]
+
+
+def _workers(alias: str, now: datetime, stale_after: timedelta | None) -> list[LiveWorker]:
+    from django_venturi.models import WorkerProcess
+
+    return [
+        LiveWorker(
+            name=row.name,
+            host=row.host,
+            pid=row.pid,
+            queues=row.queues,
+            concurrency=row.concurrency,
+            started_at=row.started_at,
+            heartbeat_at=row.heartbeat_at,
+            running=row.running,
+            processed=row.processed,
+            stale=registration.is_stale(row.heartbeat_at, now, after=stale_after),
+        )
+        for row in WorkerProcess.objects.using(alias).filter(stopped_at__isnull=True)
+    ]
 
 
 def _minutes(alias: str, now: datetime) -> list[Minute]:

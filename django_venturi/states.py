@@ -13,9 +13,11 @@ class State(models.TextChoices):
     RUNNING = "running", "running"
     """Claimed by a worker that holds its lease."""
     COMPLETED = "completed", "completed"
+    """Finished successfully."""
     FAILED = "failed", "failed"
     """Failed permanently, or gave up after too many failures."""
     CANCELLED = "cancelled", "cancelled"
+    """Finished without running to the end: cancelled, or folded into another job."""
 
 
 FINISHED_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED)
@@ -26,14 +28,21 @@ class JournalOutcome(models.TextChoices):
     """How one execution ended, as written in its journal entry."""
 
     COMPLETED = "completed", "completed"
+    """The handler returned `Outcome.completed()`."""
     PAUSED = "paused", "paused"
+    """The handler returned `Outcome.paused(...)`; not a failure."""
     RETRY = "retry", "retry"
+    """The handler raised or returned `Outcome.retry()`; a failed run, retried after backoff."""
     FAILED = "failed", "failed"
+    """A permanent failure, or a failure that gave up."""
     LEASE_EXPIRED = "lease_expired", "lease expired"
     """The worker vanished; another worker recovered the job."""
     RELEASED = "released", "released"
     """Handed back at shutdown; not counted as a failure."""
     CANCELLED = "cancelled", "cancelled"
+    """The run ended after a cancel was asked; the job is `cancelled`."""
+    TIMEOUT = "timeout", "timeout"
+    """The handler ran past its task's timeout; a retryable failure."""
     DISCARDED = "discarded", "discarded"
     """A late result from a worker that had lost its claim; not applied."""
 

@@ -11,9 +11,11 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from django_venturi.backoff import Fibonacci
+from django_venturi.conf import venturi_settings
 from django_venturi.registry import (
     MAX_KIND_LENGTH,
     MAX_QUEUE_LENGTH,
+    TASKS_KIND_PREFIX,
     RegistrationError,
     TaskSpec,
     default_kind,
@@ -47,9 +49,14 @@ class Task:
         """Write this job in the caller's current transaction and return its row."""
         from django_venturi.enqueue import enqueue_one
 
-        return enqueue_one(
+        job = enqueue_one(
             self, delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
         )
+        if venturi_settings.TESTING_EAGER:
+            from django_venturi.testing import run_enqueued
+
+            run_enqueued([job])
+        return job
 
     def enqueue_on_commit(
         self,
@@ -106,6 +113,7 @@ def task(
     lease: timedelta | None = None,
     concurrency: int | None = None,
     carry: Any = None,
+    timeout: timedelta | None = None,
 ) -> Callable[[T], T]: ...
 
 
@@ -122,6 +130,7 @@ def task(
     lease: timedelta | None = None,
     concurrency: int | None = None,
     carry: Any = None,
+    timeout: timedelta | None = None,
 ) -> T | Callable[[T], T]:
     """Register a dataclass with a `handle(self, ctx)` method as a task.
 
@@ -142,6 +151,7 @@ def task(
             lease=lease,
             concurrency=concurrency,
             carry=carry,
+            timeout=timeout,
         )
         for name in _ENQUEUE_METHODS:
             if not hasattr(target, name):
@@ -170,9 +180,14 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
             validate_name(options["queue"], field="queue", max_length=MAX_QUEUE_LENGTH)
     except ValueError as error:
         raise RegistrationError(f"{name}: {error}") from None
+    if kind.startswith(TASKS_KIND_PREFIX):
+        raise RegistrationError(
+            f"{name}: kind {kind!r} starts with {TASKS_KIND_PREFIX!r}, which is reserved "
+            "for Django Tasks jobs; choose another kind="
+        )
     _check_positive(name, "max_attempts", options["max_attempts"])
     _check_positive(name, "concurrency", options["concurrency"])
-    for field in ("give_up_after", "lease"):
+    for field in ("give_up_after", "lease", "timeout"):
         value = options[field]
         if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
             raise RegistrationError(f"{name}: {field} must be a positive timedelta, got {value!r}")
@@ -189,6 +204,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
         lease=options["lease"],
         concurrency=options["concurrency"],
         carry=options["carry"],
+        timeout=options["timeout"],
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback as traceback_module
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -72,6 +73,14 @@ class Verdict:
     """The worker the journal names, when not the one writing (a recovered run)."""
     duration: float | None = None
     """Seconds the handler ran (None when it did not run: released, recovered)."""
+    set_progress: bool = False
+    progress: Any = None
+    """The run's last `ctx.progress()`, to store with the verdict, when `set_progress`."""
+    set_result: bool = False
+    result: Any = None
+    """The JSON return value to store in `Job.result`, when `set_result` (Django Tasks jobs)."""
+    after_write: Callable[[bool], None] | None = None
+    """Called by the worker once the verdict is written, with whether it applied."""
 
 
 def completed(job: ClaimedJob) -> Verdict:
@@ -81,6 +90,19 @@ def completed(job: ClaimedJob) -> Verdict:
 def released(job: ClaimedJob) -> Verdict:
     """Handed back at shutdown: ready at once, not a failure."""
     return Verdict(job, JournalOutcome.RELEASED, State.READY)
+
+
+def cancelled(job: ClaimedJob) -> Verdict:
+    """The job was cancelled while it ran: whatever the handler returned, it ends here."""
+    return Verdict(job, JournalOutcome.CANCELLED, State.CANCELLED)
+
+
+def timed_out(job: ClaimedJob, spec: TaskSpec | None, limit: timedelta, grace: str) -> Verdict:
+    """The run passed its timeout: a retryable failure journalled as `timeout`."""
+    error = ErrorInfo.from_reason(
+        f"the run passed its timeout of {limit}{grace}", type="django_venturi.Timeout"
+    )
+    return retry(job, spec, error, outcome=JournalOutcome.TIMEOUT)
 
 
 def failed(job: ClaimedJob, error: ErrorInfo) -> Verdict:
@@ -158,9 +180,15 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
     return failed(job, ErrorInfo.from_reason(result.reason, type="Outcome.failed"))
 
 
-def from_exception(job: ClaimedJob, spec: TaskSpec, error: BaseException) -> Verdict:
-    """Turn an exception raised by a handler into a verdict."""
+def from_exception(
+    job: ClaimedJob,
+    spec: TaskSpec,
+    error: BaseException,
+    *,
+    outcome: JournalOutcome = JournalOutcome.RETRY,
+) -> Verdict:
+    """Turn an exception raised by a handler into a verdict (`outcome`: a retryable one's)."""
     info = ErrorInfo.from_exception(error)
     if isinstance(error, TaskError) and error.is_permanent:
         return failed(job, info)
-    return retry(job, spec, info)
+    return retry(job, spec, info, outcome=outcome)

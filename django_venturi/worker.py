@@ -35,7 +35,16 @@ from django import db
 from django.db import connections
 from django.dispatch import Signal
 
-from django_venturi import leases, signals, verdicts
+from django_venturi import (
+    backend_runner,
+    leases,
+    progress,
+    registration,
+    signals,
+    telemetry,
+    verdicts,
+)
+from django_venturi.cancel import cancel_channel
 from django_venturi.claim import (
     ClaimedJob,
     ClaimRequest,
@@ -47,9 +56,12 @@ from django_venturi.completion import write_verdicts
 from django_venturi.conf import as_timedelta, venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.listener import Listener
+from django_venturi.periodic import Scheduler
 from django_venturi.registry import registry
 from django_venturi.scheduling import TierClock
 from django_venturi.states import JournalOutcome
+from django_venturi.sweeper import Sweeper
+from django_venturi.timeouts import Watchdog
 from django_venturi.verdicts import Verdict
 
 logger = logging.getLogger("django_venturi.worker")
@@ -61,6 +73,10 @@ COMPLETER_BATCH = 500
 PREFETCH_FACTOR = 2
 """A worker holds up to this many times `concurrency` jobs: the rest wait in a local
 buffer, so handler threads never wait for a claim round trip."""
+BUFFER_HORIZON = 0.05
+"""Short jobs are claimed further ahead: up to `batch_size` more, as long as the
+buffered jobs wait no more than about this many seconds for a handler slot
+(judged by the recent mean handler duration). Fewer, larger claims per job."""
 
 
 class Worker:
@@ -95,6 +111,8 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.heartbeat_interval = self._heartbeat_interval()
         self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
+        self.tasks_kind_prefix = backend_runner.claimable_prefix()
+        """Also run Django Tasks jobs (when TASKS names venturi's backend), else None."""
 
         self._stop = threading.Event()
         """Set at the first stop request: claim nothing more; handlers see should_stop."""
@@ -115,7 +133,13 @@ class Worker:
         self._listener: Listener | None = None
         self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
         self._database_down_since: float | None = None
+        self._mean_duration: float | None = None
+        """Moving average of handler durations, in seconds (sizes the local buffer)."""
         self.processed = 0
+        self._lost_threads = 0
+        """Handler threads abandoned past their timeout that have not returned yet."""
+        self._unreplaced = 0
+        """Of those, how many no replacement thread took over (each is a slot less)."""
 
     # ------------------------------------------------------------ public
 
@@ -138,7 +162,10 @@ class Worker:
             len(registry.kinds()),
             extra={"worker": self.name},
         )
+        self._guarded(self._register)
+        telemetry.install(database=self.database)
         self._start_threads()
+        Sweeper.start_if_configured(alias=self.database, stop=self._stop)
         try:
             self._claim_loop()
         finally:
@@ -184,17 +211,22 @@ class Worker:
 
     def _claim_loop(self) -> None:
         next_rescue = 0.0
+        scheduler = None if self.burst else Scheduler(self.database)
+        next_periodic = 0.0 if scheduler is not None else float("inf")
         while not self._stop.is_set():
             self._wake.clear()
             if time.monotonic() >= next_rescue:
                 self._guarded(lambda: leases.recover_expired(self.database, self.name))
                 next_rescue = time.monotonic() + self.rescue_interval
-            free = self._capacity() - self._busy()
-            # Claim in batches of at least `concurrency` (the local buffer is as
-            # deep as the handler pool), not one claim per finished job.
-            claimed = (
-                self._guarded(partial(self._claim, free)) if free >= self.concurrency else None
-            )
+            if scheduler is not None and time.monotonic() >= next_periodic:
+                self._guarded(scheduler.run_pass)  # periodic ticks that came due
+                next_periodic = time.monotonic() + scheduler.interval
+            capacity = self._capacity()
+            free = self._free(capacity)
+            # Claim in batches of at least `concurrency` (at least half the local
+            # buffer), not one claim per finished job.
+            threshold = max(self.concurrency, capacity // 2)
+            claimed = self._guarded(partial(self._claim, free)) if free >= threshold else None
             if claimed and len(claimed) < free:
                 continue  # slots left: claim again at once (a capped kind may have held back)
             if self.burst and not claimed and self._idle():
@@ -204,8 +236,10 @@ class Worker:
             # Nothing due: sleep until the next poll or scheduled job. Otherwise all
             # slots are busy, and a finishing job wakes the loop.
             wait = self._idle_wait() if claimed == [] else self.poll_interval
-            # Never sleep past the next recovery sweep, however long the poll interval.
-            self._wake.wait(min(wait, max(0.0, next_rescue - time.monotonic())))
+            # Never sleep past the next recovery sweep or scheduler pass, however long
+            # the poll interval.
+            next_chore = min(next_rescue, next_periodic)
+            self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
 
     def _claim_request(self, free: int) -> ClaimRequest:
         kinds = registry.kinds()
@@ -216,6 +250,8 @@ class Worker:
             leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in kinds],
             queues=self.queues,
             limits=self._kind_limits(kinds),
+            kind_prefix=self.tasks_kind_prefix,
+            prefix_lease=venturi_settings.DEFAULT_LEASE,
         )
 
     def _kind_limits(self, kinds: Sequence[str]) -> list[KindLimit]:
@@ -247,21 +283,46 @@ class Worker:
 
     def _dispatch(self, job: ClaimedJob) -> None:
         execution = Execution(
-            job, database=self.database, stop=self._stop, heartbeat=self._heartbeat_one
+            job,
+            database=self.database,
+            stop=self._stop,
+            heartbeat=self._heartbeat_one,
+            worker=self.name,
         )
         with self._lock:
             self._queued[job.id] = execution
             self._held[job.id] = execution
-        spec = registry.get(job.kind)
-        if spec.is_async:
+        if execution.is_async:
             loop = self._event_loop()
             asyncio.run_coroutine_threadsafe(self._run_async(execution), loop)
         else:
             self._work.put(execution)
 
     def _capacity(self) -> int:
-        """Jobs held at once: a handler slot each, plus as many buffered, claimed ahead."""
-        return self.concurrency * PREFETCH_FACTOR
+        """Jobs held at once: a handler slot each, plus those buffered, claimed ahead.
+
+        At least as many buffered as slots; for short jobs up to `batch_size`, so
+        long as the buffer holds no more than BUFFER_HORIZON seconds of work.
+        """
+        with self._lock:
+            slots = self.concurrency - self._unreplaced  # less threads lost to timeouts
+        ahead = slots * (PREFETCH_FACTOR - 1)
+        mean = self._mean_duration
+        if mean is not None:
+            within_horizon = int(slots * BUFFER_HORIZON / max(mean, 1e-6))
+            ahead = max(ahead, min(self.batch_size, within_horizon))
+        return slots + ahead
+
+    def _free(self, capacity: int) -> int:
+        """Room to claim into: the buffer's, less what the completer has fallen behind by.
+
+        Verdicts waiting to be written beyond one completer batch hold claims
+        back, so a slow database never lets held jobs (and memory) pile up.
+        """
+        with self._lock:
+            busy = len(self._queued) + len(self._executing)
+            unwritten = len(self._held) - busy
+        return capacity - busy - max(0, unwritten - COMPLETER_BATCH)
 
     def _busy(self) -> int:
         with self._lock:
@@ -300,8 +361,15 @@ class Worker:
         )
 
     def _finish(self, execution: Execution, verdict: Verdict) -> None:
+        if execution.abandoned:
+            self._late_result(execution, verdict)
+            return
+        dirty, last_progress = execution.take_progress()
+        if dirty:
+            verdict = dataclasses.replace(verdict, set_progress=True, progress=last_progress)
         if execution.started is not None:
             verdict = dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
+            self._observe_duration(verdict.duration)
         # Queue the verdict and leave `_executing` in one step: a shutdown that sees
         # no job executing any more then queues its end marker after this verdict,
         # so the completer writes it before it exits.
@@ -310,6 +378,11 @@ class Worker:
             self._executing.pop(execution.job.id, None)
         self._log_verdict(verdict)
         self._wake.set()
+
+    def _observe_duration(self, seconds: float | None) -> None:
+        if seconds is not None:
+            mean = self._mean_duration
+            self._mean_duration = seconds if mean is None else 0.9 * mean + 0.1 * seconds
 
     def _handler_thread(self) -> None:
         while True:
@@ -325,6 +398,8 @@ class Worker:
             finally:
                 db.close_old_connections()
             self._finish(execution, verdict)
+            if execution.abandoned and execution.replaced:
+                break  # a replacement thread holds this slot now
         connections.close_all()
 
     async def _run_async(self, execution: Execution) -> None:
@@ -359,12 +434,17 @@ class Worker:
         pending: list[Verdict] = []
         closing = False
         next_heartbeat = time.monotonic() + self.heartbeat_interval
+        next_progress = time.monotonic() + progress.PROGRESS_INTERVAL
         while pending or not closing:
+            if time.monotonic() >= next_progress:
+                next_progress = self._flush_progress()
             if not pending:
+                wake_at = min(next_heartbeat, next_progress)
                 try:
-                    first = self._verdicts.get(timeout=max(0.0, next_heartbeat - time.monotonic()))
+                    first = self._verdicts.get(timeout=max(0.0, wake_at - time.monotonic()))
                 except queue.Empty:
-                    next_heartbeat = self._heartbeat_all()
+                    if time.monotonic() >= next_heartbeat:
+                        next_heartbeat = self._heartbeat_all()
                     continue
                 if first is None:
                     closing = True
@@ -419,12 +499,27 @@ class Worker:
                 duration=verdict.duration,
                 error_type=verdict.error.type,
             )
+        for verdict in pending:
+            if verdict.after_write is not None:
+                self._after_write(verdict, verdict.job.id in applied)
         with self._lock:
             for verdict in pending:
                 self._held.pop(verdict.job.id, None)
             self.processed += len(pending)
         self._wake.set()
         return True
+
+    def _after_write(self, verdict: Verdict, applied: bool) -> None:
+        """Run a verdict's follow-up (Django Tasks' `task_finished`); log, never raise."""
+        assert verdict.after_write is not None
+        try:
+            verdict.after_write(applied)
+        except Exception:
+            logger.exception(
+                "follow-up of job %d failed",
+                verdict.job.id,
+                extra=self._extra(verdict.job, verdict.outcome),
+            )
 
     def _heartbeat_all(self) -> float:
         with self._lock:
@@ -438,7 +533,24 @@ class Worker:
             for execution in running:
                 if execution.job.id not in held:
                     execution.lease_lost.set()
+            self._guarded_cancel_check(running)
+        self._beat(len(running))
         return time.monotonic() + self.heartbeat_interval
+
+    def _register(self) -> None:
+        registration.register(
+            self.database, name=self.name, queues=self.queues, concurrency=self.concurrency
+        )
+
+    def _beat(self, running: int) -> None:
+        """Refresh this worker's registry row (re-created if it was pruned meanwhile)."""
+        try:
+            if not registration.beat(
+                self.database, name=self.name, running=running, processed=self.processed
+            ):
+                self._register()
+        except DATABASE_ERRORS as error:
+            self._database_lost(error)
 
     # ------------------------------------------------------------ shutting down
 
@@ -453,6 +565,9 @@ class Worker:
         for _ in self._handler_threads:
             self._work.put(None)
         self._completer.join()
+        self._guarded(
+            lambda: registration.stopped(self.database, name=self.name, processed=self.processed)
+        )
         if self._listener is not None:
             self._listener.stop()
         if self._loop is not None:
@@ -487,6 +602,121 @@ class Worker:
             )
             self._verdicts.put(verdicts.released(execution.job))
 
+    # ------------------------------------------------------------ cancel, timeout, progress
+
+    def _on_cancel_notify(self, payload: str | None) -> None:
+        """A cancel NOTIFY (job ids), or None after the listener (re)connected."""
+        if payload is None:
+            return  # missed requests are found by the next heartbeat
+        asked = {int(part) for part in payload.split(",") if part.strip().isdigit()}
+        with self._lock:
+            hit = [self._held[job_id] for job_id in asked if job_id in self._held]
+        for execution in hit:
+            self._cancel_requested(execution, "notification")
+
+    def _guarded_cancel_check(self, running: list[Execution]) -> None:
+        """At each heartbeat: the cancel requests of held jobs (all that SQLite has)."""
+        try:
+            asked = leases.cancel_requests(self.database, [e.job for e in running])
+        except DATABASE_ERRORS as error:
+            self._database_lost(error)
+            return
+        for execution in running:
+            if execution.job.id in asked:
+                self._cancel_requested(execution, "heartbeat")
+
+    def _cancel_requested(self, execution: Execution, source: str) -> None:
+        if execution.cancel_requested.is_set():
+            return
+        execution.cancel_requested.set()
+        logger.info(
+            "job %d: cancel requested (learnt by %s); the handler sees should_stop",
+            execution.job.id,
+            source,
+            extra=self._extra(execution.job, JournalOutcome.CANCELLED),
+        )
+
+    def _flush_progress(self) -> float:
+        """Write the progress that changed since the last flush (completer thread)."""
+        with self._lock:
+            held = list(self._held.values())
+        updates = []
+        for execution in held:
+            dirty, value = execution.take_progress()
+            if dirty:
+                updates.append((execution.job, value))
+        try:
+            progress.write_progress(self.database, updates)
+        except DATABASE_ERRORS as error:
+            self._database_lost(error)
+        return time.monotonic() + progress.PROGRESS_INTERVAL
+
+    def _executing_now(self) -> list[Execution]:
+        with self._lock:
+            return list(self._executing.values())
+
+    def _abandon(self, execution: Execution) -> None:
+        """A sync handler is past its timeout and grace: end the run, reclaim the slot."""
+        with self._lock:
+            if self._executing.pop(execution.job.id, None) is None:
+                return  # it returned meanwhile
+            execution.abandoned = True
+            execution.lease_lost.set()
+            self._lost_threads += 1
+            execution.replaced = self._lost_threads <= self.concurrency
+            if not execution.replaced:
+                self._unreplaced += 1
+            spec = registry.get(execution.job.kind)
+            verdict = execution.timeout_verdict(spec, grace=f" and its grace of {self._grace()}")
+            if execution.started is not None:
+                verdict = dataclasses.replace(
+                    verdict, duration=time.monotonic() - execution.started
+                )
+            self._verdicts.put(verdict)
+        self._log_verdict(verdict)
+        if execution.replaced:
+            thread = threading.Thread(
+                target=self._handler_thread,
+                name=f"venturi-handler-{len(self._handler_threads)}",
+                daemon=True,
+            )
+            self._handler_threads.append(thread)
+            thread.start()
+            logger.warning(
+                "job %d: handler thread abandoned past its timeout; a replacement took its "
+                "slot (%d lost threads still running)",
+                execution.job.id,
+                self._lost_threads,
+                extra=self._extra(execution.job, JournalOutcome.TIMEOUT),
+            )
+        else:
+            logger.error(
+                "job %d: handler thread abandoned past its timeout; %d lost threads already, "
+                "so no replacement: this worker runs with one slot less until it returns",
+                execution.job.id,
+                self._lost_threads,
+                extra=self._extra(execution.job, JournalOutcome.TIMEOUT),
+            )
+        self._wake.set()
+
+    def _late_result(self, execution: Execution, verdict: Verdict) -> None:
+        """An abandoned handler returned at last: drop its result, give its slot back."""
+        with self._lock:
+            self._lost_threads -= 1
+            if not execution.replaced:
+                self._unreplaced -= 1
+        logger.warning(
+            "job %d: the abandoned handler returned %s late; result discarded",
+            execution.job.id,
+            verdict.outcome,
+            extra=self._extra(execution.job, JournalOutcome.DISCARDED),
+        )
+        self._wake.set()
+
+    @staticmethod
+    def _grace() -> timedelta:
+        return venturi_settings.TIMEOUT_GRACE
+
     # ------------------------------------------------------------ plumbing
 
     def _start_threads(self) -> None:
@@ -499,6 +729,10 @@ class Worker:
         )
         for thread in [*self._handler_threads, self._completer]:
             thread.start()
+        self._watchdog = Watchdog(
+            executing=self._executing_now, abandon=self._abandon, stopped=self._force
+        )
+        self._watchdog.start()
         # LISTEN_DATABASE belongs to VENTURI["DATABASE"]; a worker given another
         # alias listens on that alias itself.
         listen_alias = (
@@ -509,8 +743,10 @@ class Worker:
         if connections[listen_alias].vendor == "postgresql":
             self._listener = Listener(
                 alias=listen_alias,
-                channel=venturi_settings.NOTIFY_CHANNEL,
-                on_notify=self._wake.set,
+                channels={
+                    venturi_settings.NOTIFY_CHANNEL: lambda payload: self._wake.set(),
+                    cancel_channel(): self._on_cancel_notify,
+                },
             )
             self._listener.start()
 
@@ -579,10 +815,18 @@ class Worker:
 
     def _log_verdict(self, verdict: Verdict) -> None:
         job = verdict.job
+        problem = bool(verdict.error.type) and verdict.outcome != JournalOutcome.PAUSED
+        if not problem:
+            level = logging.INFO
+        elif verdict.outcome == JournalOutcome.FAILED:
+            level = logging.ERROR
+        else:
+            level = logging.WARNING
+        if not logger.isEnabledFor(level):
+            return  # the hot path at -v 0: no record, no extra dict
         extra = self._extra(job, verdict.outcome)
         extra["duration"] = verdict.duration
-        if verdict.error.type and verdict.outcome != JournalOutcome.PAUSED:
-            level = logging.ERROR if verdict.outcome == JournalOutcome.FAILED else logging.WARNING
+        if problem:
             logger.log(
                 level,
                 "job %d (%s) attempt %d: %s: %s",

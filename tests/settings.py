@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
 
+import django
 import environ
 
 from tests.database import postgres_url
@@ -68,11 +70,72 @@ DATABASES = {
 for alias, name in json.loads(os.environ.get("VENTURI_TEST_DATABASE_NAMES", "{}")).items():
     DATABASES[alias]["NAME"] = name
 
+# The documentation's examples (docs/examples/) run in tests/test_docs_examples.py, so
+# worker subprocesses must know their tasks; their kinds all start with "docs.".
+# Not docs.examples.periodic: its schedules would make every worker of the suite enqueue
+# its ticks (its test lists it for its own worker only).
+DOCS_EXAMPLE_TASK_MODULES = [
+    f"docs.examples.{name}"
+    for name in (
+        "quickstart",
+        "payloads",
+        "enqueueing",
+        "outcomes",
+        "scheduling",
+        "dedup",
+        "long_running",
+    )
+]
+# The Tasks how-to's example: it imports only where a Tasks framework is installed (the
+# settings below), and its @task functions must be in a module that workers may import.
+if importlib.util.find_spec("django_tasks") is not None or django.VERSION >= (6, 0):
+    DOCS_EXAMPLE_TASK_MODULES += ["docs.examples.django_tasks"]
+# Worker subprocesses run the docs' e-mail task: keep its mail in memory.
+if django.VERSION >= (6, 1):  # MAILERS replaces EMAIL_BACKEND from Django 6.1
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+
 VENTURI = {
-    "TASK_MODULES": ["tests.testapp.scheduling_tasks", "tests.testapp.dedup_tasks"],
+    "TASK_MODULES": [
+        "tests.testapp.scheduling_tasks",
+        "tests.testapp.dedup_tasks",
+        "tests.testapp.control_tasks",
+        *DOCS_EXAMPLE_TASK_MODULES,
+    ],
     "POLL_INTERVAL": 0.2,
+    "TIMEOUT_GRACE": 1,
     "RESCUE_INTERVAL": 0.5,
 }
+# Worker subprocesses of a test can be given more settings (e.g. RETENTION) as JSON.
+VENTURI.update(json.loads(os.environ.get("VENTURI_TEST_SETTINGS", "{}")))
+
+# Periodic schedules for the worker subprocesses of tests/test_periodic.py only.
+if os.environ.get("VENTURI_TEST_PERIODIC"):
+    VENTURI["PERIODIC"] = json.loads(os.environ["VENTURI_TEST_PERIODIC"])
+    VENTURI["PERIODIC_INTERVAL"] = 0.1
+
+# Django's Tasks framework on venturi (tests/test_django_tasks.py): Django 6's own
+# `django.tasks`, the django-tasks backport, or both at once; neither: no TASKS.
+HAS_BACKPORT = importlib.util.find_spec("django_tasks") is not None
+if HAS_BACKPORT:
+    INSTALLED_APPS += ["django_tasks"]
+if HAS_BACKPORT or django.VERSION >= (6, 0):
+    INSTALLED_APPS += ["tests.thirdparty"]
+    TASKS = {
+        "default": {
+            "BACKEND": "django_venturi.backend.VenturiBackend",
+            "QUEUES": ["default", "emails"],
+        },
+        "retrying": {
+            "BACKEND": "django_venturi.backend.VenturiBackend",
+            "OPTIONS": {"MAX_ATTEMPTS": 3},
+        },
+        "sqlite": {
+            "BACKEND": "django_venturi.backend.VenturiBackend",
+            "OPTIONS": {"DATABASE": "sqlite"},
+        },
+    }
 
 LOGGING = {
     "version": 1,

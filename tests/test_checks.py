@@ -37,6 +37,7 @@ def test_the_defaults_pass() -> None:
         ({"DEFAULT_QUEUE": "a b"}, "venturi.E010"),
         ({"NOTIFY_CHANNEL": "bad-channel"}, "venturi.E011"),
         ({"HEARTBEAT_INTERVAL": timedelta(minutes=3)}, "venturi.E012"),
+        ({"PREPARED_STATEMENTS": "yes"}, "venturi.E020"),
     ],
 )
 def test_each_bad_value_has_its_check(venturi: object, check_id: str) -> None:

@@ -52,6 +52,17 @@ def test_within_a_tier_jobs_are_claimed_in_enqueue_order(alias: str) -> None:
     assert taken == [job.pk for job in jobs]
 
 
+def test_within_a_tier_a_lower_rank_is_claimed_first(alias: str) -> None:
+    jobs = venturi.enqueue_many([Noop(n=i) for i in range(6)], using=alias)
+    ranks = [0, -50, 10, -50, 0, -90]
+    for job, rank in zip(jobs, ranks, strict=True):
+        Job.objects.using(alias).filter(pk=job.pk).update(rank=rank)
+    clock = TierClock((6, 3, 1))
+    batches = [{job.id for job in claim(alias, request(limit=2), clock)} for _ in range(3)]
+    by_rank = [pk for _, pk in sorted(zip(ranks, [job.pk for job in jobs], strict=True))]
+    assert batches == [set(by_rank[0:2]), set(by_rank[2:4]), set(by_rank[4:6])]
+
+
 def test_a_claimed_job_is_not_claimed_again(alias: str) -> None:
     venturi.enqueue_many([Noop(n=i) for i in range(10)], using=alias)
     first = claim(alias, request(limit=10), TierClock((6, 3, 1)))
@@ -153,7 +164,7 @@ def test_the_claim_uses_the_partial_index_on_a_fresh_backlog() -> None:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
         plan = cursor.fetchone()[0]
     text = json.dumps(plan)
-    assert "venturi_job_claim_idx" in text
+    assert "venturi_job_claim_rank_idx" in text
     assert '"Seq Scan"' not in text
     assert plan[0]["Execution Time"] < 50  # ms; a scan of 100k rows plus sort costs far more
     assert Job.objects.filter(state=venturi.State.RUNNING).count() == 100

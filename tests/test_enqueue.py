@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -160,3 +161,11 @@ def test_postgresql_notifies_at_commit_only() -> None:
     venturi.enqueue_many([Noop(n=i) for i in range(50)], queue="bulk")
     assert received() == ["bulk"]  # one notification per transaction and queue
     listener.close()
+
+
+def test_a_changed_venturi_setting_is_read_again(alias: str) -> None:
+    """Settings are cached between reads, and forgotten when Django says they changed."""
+    assert Noop(n=1).enqueue(using=alias).queue == "default"
+    with override_settings(VENTURI={"DEFAULT_QUEUE": "elsewhere"}):
+        assert Noop(n=2).enqueue(using=alias).queue == "elsewhere"
+    assert Noop(n=3).enqueue(using=alias).queue == "default"

@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -145,3 +146,52 @@ def test_cleanup_of_50000_rows_keeps_each_batch_short() -> None:
     longest = max(later - earlier for earlier, later in itertools.pairwise(marks))
     assert longest < 1.0, f"a batch took {longest:.2f} s"
     assert not Job.objects.exists()
+
+
+def test_cancel_finishes_ready_jobs_and_asks_running_ones_to_stop(alias: str) -> None:
+    ready, running, done = venturi.enqueue_many([tasks.Noop(n=i) for i in range(3)], using=alias)
+    Job.objects.using(alias).filter(pk=running.pk).update(
+        state=venturi.State.RUNNING,
+        attempt=1,
+        claim_token=uuid.uuid4(),
+        lease_expires_at=timezone.now() + timedelta(minutes=5),
+    )
+    Job.objects.using(alias).filter(pk=done.pk).update(
+        state=venturi.State.COMPLETED, finished_at=timezone.now()
+    )
+    result = venturi.cancel([ready, running.pk, done], using=alias)
+    assert result == venturi.CancelResult(cancelled=1, stopping=1)
+    rows = {job.pk: job for job in Job.objects.using(alias).all()}
+    assert rows[ready.pk].state == venturi.State.CANCELLED
+    assert rows[ready.pk].finished_at is not None
+    assert rows[running.pk].state == venturi.State.RUNNING
+    assert rows[running.pk].cancel_requested_at is not None
+    assert rows[done.pk].state == venturi.State.COMPLETED
+    assert venturi.cancel(running.pk, using=alias) == venturi.CancelResult(0, 0)
+
+
+@pytest.mark.django_db(transaction=False, databases=["default"])
+def test_stats_inside_a_long_transaction_counts_what_it_wrote() -> None:
+    """The snapshot's clock is the statement's, not the transaction's start.
+
+    Journal rows take `Now()`, which is the statement's time on PostgreSQL; a
+    snapshot dated at the transaction's start would place them in its future
+    (and out of the last hour once the minute turns, as a CI run once saw).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")  # the (test) transaction has begun
+    time.sleep(0.05)
+    job = Job.objects.create(
+        kind="tests.noop",
+        payload={"n": 1},
+        state="completed",
+        attempt=1,
+        finished_at=timezone.now(),
+    )
+    entry = JournalEntry.objects.create(
+        job=job, attempt=1, outcome="completed", started_at=timezone.now()
+    )
+    entry.refresh_from_db()
+    snapshot = stats()
+    assert snapshot.taken_at >= entry.finished_at
+    assert snapshot.completed_last_hour == 1

@@ -62,6 +62,7 @@ class ImportContacts(venturi.Task):
         progress = ctx.carry or ImportProgress(next_row=0, imported=0)
         end = min(progress.next_row + self.batch, self.rows)
         imported = progress.imported + (end - progress.next_row)  # "import" rows [next_row, end)
+        ctx.progress(end, self.rows, note="contacts")  # shown in the admin and in stats()
         if end < self.rows:
             # Checkpoint and let other jobs run; the next run sees this as ctx.carry.
             # A pause does not count as a failed attempt.
@@ -112,3 +113,22 @@ class PingWebhook(venturi.Task):
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         raise ConnectionError(f"{self.url} refused the connection")
+
+
+@venturi.periodic("0 3 * * *", timezone="Europe/Paris", payload={"days": 1})
+@venturi.task(kind="shop.signup_report")
+@dataclasses.dataclass
+class SignupReport(venturi.Task):
+    """Periodic: every night at 03:00 Paris time, count the last `days` days' signups.
+
+    Any number of workers may run: each night's tick is one job. The admin's
+    "Periodic tasks" page shows its next and last run.
+    """
+
+    days: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        since = timezone.now() - timedelta(days=self.days)
+        count = Signup.objects.filter(created_at__gte=since).count()
+        ctx.progress(count, note="signups counted")
+        return venturi.Outcome.completed()

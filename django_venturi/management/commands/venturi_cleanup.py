@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_venturi.conf import as_age
 from django_venturi.management.commands.venturi_worker import positive_int
 from django_venturi.retention import DEFAULT_BATCH_SIZE, CleanupResult, cleanup
 from django_venturi.states import FINISHED_STATES, State
 
-UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
 
 def age(text: str) -> timedelta:
     """`30d`, `12h`, `90m`, `45s`, `2w`."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected an age like 7d, 12h or 30m, got {text!r}")
-    return timedelta(**{UNITS[match[2]]: float(match[1])})
+    try:
+        return as_age(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def finished_states(text: str) -> list[State]:

@@ -1,12 +1,19 @@
-"""`manage.py venturi_stats`: print a snapshot of the queue, once or every S seconds."""
+"""`manage.py venturi_stats`: print a snapshot of the queue, once or every S seconds.
+
+`--check-workers` is a health check instead: exit 0 if a worker on this host
+(or `--host`) has a fresh heartbeat, 1 otherwise (a Kubernetes liveness probe, a
+systemd `ExecStartPost=` check or a monitoring script).
+"""
 
 from __future__ import annotations
 
 import json
+import socket
 import time
+from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_venturi.management.commands.venturi_worker import positive_seconds
 from django_venturi.snapshot import Stats, stats
@@ -21,8 +28,28 @@ class Command(BaseCommand):
             "--watch", type=positive_seconds, default=None, metavar="S", help="Repeat every S s."
         )
         parser.add_argument("--database", default=None, help="Database alias holding the jobs.")
+        parser.add_argument(
+            "--check-workers",
+            action="store_true",
+            help="Health check: exit 1 unless a worker on --host has a fresh heartbeat.",
+        )
+        parser.add_argument(
+            "--host",
+            default=None,
+            help="The host whose workers --check-workers looks at (default: this one; * for any).",
+        )
+        parser.add_argument(
+            "--stale-after",
+            type=positive_seconds,
+            default=None,
+            metavar="S",
+            help="A heartbeat older than S seconds is stale (default: 3 heartbeat intervals).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["check_workers"]:
+            self.check_workers(options)
+            return
         while True:
             snapshot = stats(using=options["database"])
             if options["json"]:
@@ -33,6 +60,24 @@ class Command(BaseCommand):
                 return
             self.stdout.flush()
             time.sleep(options["watch"])
+
+    def check_workers(self, options: dict[str, Any]) -> None:
+        host = options["host"] or socket.gethostname()
+        stale_after = (
+            None if options["stale_after"] is None else timedelta(seconds=options["stale_after"])
+        )
+        snapshot = stats(using=options["database"], stale_after=stale_after)
+        mine = [worker for worker in snapshot.workers if host in ("*", worker.host)]
+        fresh = [worker.name for worker in mine if not worker.stale]
+        stale = [worker.name for worker in mine if worker.stale]
+        where = "any host" if host == "*" else host
+        if not fresh:
+            detail = f" (stale: {', '.join(stale)})" if stale else ""
+            raise CommandError(f"no worker with a fresh heartbeat on {where}{detail}")
+        self.stdout.write(
+            f"ok: {len(fresh)} live worker(s) on {where}"
+            + (f"; stale: {', '.join(stale)}" if stale else "")
+        )
 
 
 def render(snapshot: Stats) -> str:
@@ -51,5 +96,15 @@ def render(snapshot: Stats) -> str:
         lines.append(
             f"queue {queue}: {snapshot.due.get(queue, 0)} due, oldest waiting "
             f"{age.total_seconds():.1f} s"
+        )
+    for item in snapshot.progress:
+        total = "" if item.total is None else f" / {item.total}"
+        lines.append(f"job {item.job_id} ({item.kind}): {item.done}{total} {item.note}".rstrip())
+    for worker in snapshot.workers:
+        lines.append(
+            f"worker {worker.name} (pid {worker.pid}): {worker.running} running, "
+            f"{worker.processed} processed, heartbeat "
+            f"{(snapshot.taken_at - worker.heartbeat_at).total_seconds():.0f} s ago"
+            + (" STALE" if worker.stale else "")
         )
     return "\n".join(lines)

@@ -7,8 +7,11 @@ import logging
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
+from django_venturi.conf import venturi_settings
+from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, validate_name
 from django_venturi.worker import Worker
 
@@ -109,6 +112,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        self._refuse_an_old_schema(options["database"] or venturi_settings.DATABASE)
         worker = Worker(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -124,6 +128,15 @@ class Command(BaseCommand):
             worker.run()
         finally:
             restore()
+
+    def _refuse_an_old_schema(self, alias: str) -> None:
+        """Exit with the check's message when venturi's migrations are behind on `alias`."""
+        if alias not in connections:
+            raise CommandError(f"--database: {alias!r} is not an alias in DATABASES")
+        for message in migration_errors(alias):
+            if message.is_serious():
+                raise CommandError(f"{message.msg}\nHINT: {message.hint} ({message.id})")
+            self.stderr.write(f"{message.id}: {message.msg}")
 
     def _configure_logging(self, verbosity: int) -> None:
         """Log to stderr unless the project configured the django_venturi logger itself."""

@@ -1,0 +1,89 @@
+"""`venturi.cancel()`: a ready job is cancelled at once; a running one is asked to stop.
+
+A ready job becomes `cancelled` in the same statement that finds it. A running
+job gets `cancel_requested_at` set, and on PostgreSQL a notification on the
+cancel channel tells its worker right away (other databases: the worker sees
+the request at its next heartbeat). Its handler then sees `ctx.should_stop`;
+when it returns, the job ends `cancelled` and its journal entry says so.
+Finished jobs are left as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from django.db import connections, transaction
+
+from django_venturi.clock import now_expression
+from django_venturi.conf import venturi_settings
+from django_venturi.states import State
+
+if TYPE_CHECKING:
+    from django_venturi.models import Job
+
+
+NOTIFY_IDS_PER_PAYLOAD = 400
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What a cancel did."""
+
+    cancelled: int
+    """Ready jobs now `cancelled`."""
+    stopping: int
+    """Running jobs asked to stop; they end `cancelled` when their handler returns."""
+
+
+def cancel_channel() -> str:
+    """The PostgreSQL channel that carries cancel requests to workers."""
+    return f"{venturi_settings.NOTIFY_CHANNEL}_cancel"
+
+
+def cancel(jobs: Job | int | Iterable[Job | int], *, using: str | None = None) -> CancelResult:
+    """Cancel jobs by row or id, inside the caller's transaction if there is one."""
+    from django_venturi.models import (
+        Job,
+    )  # at call time: importing the package must not load models
+
+    ids = _ids(jobs)
+    alias = using or venturi_settings.DATABASE
+    if not ids:
+        return CancelResult(cancelled=0, stopping=0)
+    now = now_expression(alias)
+    with transaction.atomic(using=alias):
+        cancelled = (
+            Job.objects.using(alias)
+            .filter(id__in=ids, state=State.READY)
+            .update(state=State.CANCELLED, finished_at=now)
+        )
+        stopping = list(
+            Job.objects.using(alias)
+            .filter(id__in=ids, state=State.RUNNING, cancel_requested_at__isnull=True)
+            .values_list("id", flat=True)
+        )
+        if stopping:
+            Job.objects.using(alias).filter(id__in=stopping).update(cancel_requested_at=now)
+            _notify_workers(alias, stopping)
+    return CancelResult(cancelled=cancelled, stopping=len(stopping))
+
+
+def _ids(jobs: Job | int | Iterable[Job | int]) -> list[int]:
+    items = jobs if isinstance(jobs, Iterable) else [jobs]
+    return [item if isinstance(item, int) else int(item.pk) for item in items]
+
+
+def _notify_workers(alias: str, job_ids: list[int]) -> None:
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        # Delivered at commit, so a worker never looks before the request is visible.
+        # A payload holds comma-separated ids, within PostgreSQL's 8,000-byte limit.
+        for start in range(0, len(job_ids), NOTIFY_IDS_PER_PAYLOAD):
+            chunk = job_ids[start : start + NOTIFY_IDS_PER_PAYLOAD]
+            cursor.execute(
+                "SELECT pg_notify(%s, %s)", [cancel_channel(), ",".join(map(str, chunk))]
+            )

@@ -1,0 +1,104 @@
+"""The admin's "Periodic tasks" page: each schedule with its next tick and its last run.
+
+The schedules live in code (`@venturi.periodic`) and settings (`VENTURI["PERIODIC"]`),
+not in a table, so this is a read-only page over them, registered on a proxy model
+of `Job` so that it sits in the admin index next to jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from django_venturi.clock import database_time
+from django_venturi.conf import venturi_settings
+from django_venturi.models import Job, PeriodicTask
+from django_venturi.periodic import Schedule, schedules
+
+if TYPE_CHECKING:
+    PeriodicTaskAdminBase = admin.ModelAdmin[PeriodicTask]
+else:
+    PeriodicTaskAdminBase = admin.ModelAdmin
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleRow:
+    """One line of the page."""
+
+    schedule: Schedule
+    next_tick: datetime | None
+    last_job: Job | None
+    last_job_url: str
+
+    @property
+    def next_text(self) -> str:
+        return local_text(self.next_tick, self.schedule)
+
+    @property
+    def last_text(self) -> str:
+        return local_text(self.last_job.periodic_tick if self.last_job else None, self.schedule)
+
+
+def local_text(moment: datetime | None, schedule: Schedule) -> str:
+    """A tick in its schedule's own time zone, as cron reads it."""
+    if moment is None:
+        return "-"
+    return moment.astimezone(schedule.zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def schedule_rows(alias: str) -> list[ScheduleRow]:
+    """Each schedule with its next tick and the job of its latest tick (None if none yet)."""
+    now = database_time(alias)
+    rows = []
+    for schedule in schedules():
+        last = (
+            Job.objects.using(alias)
+            .filter(kind=schedule.kind, periodic_tick__isnull=False)
+            .order_by("-periodic_tick")
+            .first()
+        )
+        rows.append(
+            ScheduleRow(
+                schedule=schedule,
+                next_tick=schedule.next_tick(now),
+                last_job=last,
+                last_job_url=(
+                    reverse("admin:django_venturi_job_change", args=[last.pk]) if last else ""
+                ),
+            )
+        )
+    return rows
+
+
+@admin.register(PeriodicTask)
+class PeriodicTaskAdmin(PeriodicTaskAdminBase):
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> TemplateResponse:
+        if not self.has_view_or_change_permission(request):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Periodic tasks",
+            "opts": self.model._meta,
+            "rows": schedule_rows(venturi_settings.DATABASE),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_venturi/periodic_tasks.html", context)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: PeriodicTask | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: PeriodicTask | None = None) -> bool:
+        return False

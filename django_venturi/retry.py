@@ -1,0 +1,85 @@
+"""Retry now: a failed or ready job becomes ready with `run_at` = now (the admin's action).
+
+A failed job keeps its `attempt` and `failures` counts, so it gets one more run
+and fails for good again if that run fails too. A failed job with a dedup key
+cannot become ready while another ready job holds its kind and key (the dedup
+rule: one ready job per kind and key); such a job is reported as a clash and
+left failed. On PostgreSQL the job's queue is notified so an idle worker wakes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from django.db import IntegrityError, connections, transaction
+
+from django_venturi.clock import now_expression
+from django_venturi.conf import venturi_settings
+from django_venturi.states import State
+
+RETRYABLE_STATES = (State.READY, State.FAILED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryResult:
+    """What a retry did."""
+
+    retried: list[int]
+    """Jobs now ready and due."""
+    clashes: list[int]
+    """Failed jobs left failed: another ready job holds their kind and dedup key."""
+    skipped: list[int]
+    """Jobs in another state (running, completed, cancelled) or gone: left as they are."""
+
+
+def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResult:
+    """Make the given ready or failed jobs due at once; report clashes and skipped jobs."""
+    from django_venturi.models import (  # at call time: importing the package must not load models
+        Job,
+    )
+
+    alias = using or venturi_settings.DATABASE
+    ids = sorted(set(job_ids))
+    jobs = Job.objects.using(alias)
+    retried: list[int] = []
+    clashes: list[int] = []
+    with transaction.atomic(using=alias):
+        rows = list(
+            jobs.filter(id__in=ids, state__in=RETRYABLE_STATES)
+            .select_for_update()
+            .values_list("id", "state", "queue")
+        )
+        now = now_expression(alias)
+        ready = [job_id for job_id, state, _ in rows if state == State.READY]
+        jobs.filter(id__in=ready).update(run_at=now)
+        retried.extend(ready)
+        for job_id, state, _ in rows:
+            if state != State.FAILED:
+                continue
+            try:
+                with transaction.atomic(using=alias):  # a savepoint: a clash undoes this job only
+                    jobs.filter(id=job_id, state=State.FAILED).update(
+                        state=State.READY, run_at=now, finished_at=None, cancel_requested_at=None
+                    )
+            except IntegrityError:
+                clashes.append(job_id)
+            else:
+                retried.append(job_id)
+        queues = sorted({queue for job_id, _, queue in rows if job_id in set(retried)})
+        _wake_workers(alias, queues)
+    done = set(retried) | set(clashes)
+    return RetryResult(
+        retried=sorted(retried),
+        clashes=clashes,
+        skipped=[job_id for job_id in ids if job_id not in done],
+    )
+
+
+def _wake_workers(alias: str, queues: list[str]) -> None:
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or not queues:
+        return
+    with connection.cursor() as cursor:
+        for queue in queues:  # delivered at commit, like an enqueue's notification
+            cursor.execute("SELECT pg_notify(%s, %s)", [venturi_settings.NOTIFY_CHANNEL, queue])

@@ -1,0 +1,314 @@
+"""Helpers for your project's own tests: run jobs inline, drain the queue, check what was enqueued.
+
+    from django_venturi.testing import assert_enqueued, drain, eager, enqueued
+
+- `eager()` (or `VENTURI["TESTING_EAGER"] = True`): each job runs in the
+  enqueuing process, as it is enqueued, inside the caller's transaction. For
+  unit tests that only care about the effect.
+- `drain(kinds=None, queues=None)`: run every due job now, in this process,
+  inside the current (test) transaction, until none is due; returns what each
+  run ended with. For integration tests in a normal pytest-django `db` test.
+- `enqueued(SendEmail, to=...)` / `assert_enqueued(SendEmail, to=...)`: the
+  jobs of a task, as task instances, filtered by field values.
+- The `venturi_queue` pytest fixture bundles them (installed as a pytest
+  plugin with the package; or `from django_venturi.testing import venturi_queue`
+  in your `conftest.py`).
+
+`eager()` and `drain()` run jobs with the worker's own code (claim, execution,
+verdicts, completion), so a job ends in the same state, with the same journal,
+as under `venturi_worker`. Nothing here imports models or reads settings at
+import time: pytest may load this module before Django is set up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from django_venturi.claim import ClaimedJob
+    from django_venturi.models import Job
+    from django_venturi.states import JournalOutcome, State
+    from django_venturi.verdicts import Verdict
+
+T = TypeVar("T")
+
+TESTING_WORKER = "testing"
+"""The worker name the journal shows for jobs run by these helpers."""
+DRAIN_LIMIT = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ran:
+    """One run of one job by `drain()` or `eager()`."""
+
+    job_id: int
+    kind: str
+    attempt: int
+    outcome: JournalOutcome
+    """What the journal says of this run."""
+    state: State
+    """The job's state after the run."""
+    error: str = ""
+    """`type: message` of the run's error, if any."""
+
+
+class DrainLimitReached(RuntimeError):
+    """`drain()` ran `limit` jobs and more were still due (a job requeueing itself at once?)."""
+
+
+# ------------------------------------------------------------ eager mode
+
+
+@contextmanager
+def eager(enabled: bool = True) -> Iterator[None]:
+    """Within the block, each job runs inline as it is enqueued (`VENTURI["TESTING_EAGER"]`)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    current = dict(getattr(settings, "VENTURI", {}))
+    with override_settings(VENTURI={**current, "TESTING_EAGER": enabled}):
+        yield
+
+
+def run_enqueued(jobs: Sequence[Job]) -> None:
+    """Eager mode: run freshly enqueued jobs now, whatever their `run_at` (enqueue calls this)."""
+    for job in jobs:
+        _run_one(job._state.db or _alias(None), job.id)
+        job.refresh_from_db(using=job._state.db)
+
+
+# ------------------------------------------------------------ draining
+
+
+def drain(
+    kinds: Sequence[str | type] | None = None,
+    queues: Sequence[str] | None = None,
+    *,
+    using: str | None = None,
+    limit: int = DRAIN_LIMIT,
+) -> list[Ran]:
+    """Run every due job of `kinds` (kind names or task classes) and `queues` until none is due.
+
+    Runs in this thread, inside the current transaction. Jobs that the runs
+    enqueue are run too when they are due; a retry waits for its backoff, so it
+    is not due yet (use a zero backoff in tests to see retries run).
+    """
+    from django_venturi.claim import ClaimRequest, claim
+    from django_venturi.conf import venturi_settings
+    from django_venturi.registry import registry
+    from django_venturi.scheduling import TierClock
+
+    alias = _alias(using)
+    wanted = registry.kinds() if kinds is None else [_kind_name(kind) for kind in kinds]
+    clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
+    ran: list[Ran] = []
+    while True:
+        request = ClaimRequest(
+            worker=TESTING_WORKER,
+            limit=min(100, limit - len(ran) + 1),
+            kinds=wanted,
+            leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in wanted],
+            queues=list(queues) if queues is not None else None,
+        )
+        claimed = claim(alias, request, clock)
+        if not claimed:
+            return ran
+        for job in claimed:
+            if len(ran) >= limit:
+                raise DrainLimitReached(
+                    f"drain() ran {limit} jobs and more are due; a job that requeues itself "
+                    "with no delay runs until it gives up (raise `limit` if that is expected)"
+                )
+            ran.append(_execute(alias, job))
+
+
+# ------------------------------------------------------------ what was enqueued
+
+
+def enqueued(
+    task: type[T], *, using: str | None = None, state: str | None = None, **fields: Any
+) -> list[T]:
+    """The jobs of `task` (any state, or `state`), oldest first, as task instances.
+
+    Keyword arguments filter on payload fields: `enqueued(SendEmail, to="a@example.com")`.
+    """
+    from django_venturi.models import Job
+    from django_venturi.tasks import spec_of
+
+    spec = spec_of(task)
+    names = {field.name for field in dataclasses.fields(task)}  # type: ignore[arg-type]
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise TypeError(
+            f"{task.__qualname__} has no field {', '.join(unknown)} "
+            f"(fields: {', '.join(sorted(names))})"
+        )
+    jobs = Job.objects.using(_alias(using)).filter(kind=spec.kind).order_by("id")
+    if state is not None:
+        jobs = jobs.filter(state=state)
+    instances = [spec.decode(payload) for payload in jobs.values_list("payload", flat=True)]
+    return [
+        instance
+        for instance in instances
+        if all(getattr(instance, name) == value for name, value in fields.items())
+    ]
+
+
+def assert_enqueued(
+    task: type[T],
+    *,
+    count: int | None = None,
+    using: str | None = None,
+    state: str | None = None,
+    **fields: Any,
+) -> list[T]:
+    """Fail unless jobs of `task` matching `fields` were enqueued (exactly `count`, if given)."""
+    found = enqueued(task, using=using, state=state, **fields)
+    if (count is None and found) or (count is not None and len(found) == count):
+        return found
+    everything = enqueued(task, using=using, state=state)
+    wanted = "" if count is None else f"{count} "
+    where = ", ".join(f"{name}={value!r}" for name, value in fields.items())
+    listing = "\n".join(f"  {instance!r}" for instance in everything) or "  (none)"
+    raise AssertionError(
+        f"expected {wanted}{task.__qualname__} job(s){' with ' + where if where else ''}, "
+        f"found {len(found)}; all {task.__qualname__} jobs:\n{listing}"
+    )
+
+
+# ------------------------------------------------------------ the pytest fixture
+
+
+class VenturiQueue:
+    """What the `venturi_queue` fixture gives: the helpers above, on one database alias."""
+
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using
+
+    def drain(
+        self, kinds: Sequence[str | type] | None = None, queues: Sequence[str] | None = None
+    ) -> list[Ran]:
+        return drain(kinds, queues, using=self.using)
+
+    def enqueued(self, task: type[T], **fields: Any) -> list[T]:
+        return enqueued(task, using=self.using, **fields)
+
+    def assert_enqueued(self, task: type[T], *, count: int | None = None, **fields: Any) -> list[T]:
+        return assert_enqueued(task, count=count, using=self.using, **fields)
+
+    def eager(self, enabled: bool = True) -> Any:
+        return eager(enabled)
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the fixture needs pytest, the helpers do not
+    pass
+else:
+
+    @pytest.fixture
+    def venturi_queue(db: None) -> VenturiQueue:
+        """The queue helpers for one test, in pytest-django's `db` transaction."""
+        return VenturiQueue()
+
+
+# ------------------------------------------------------------ running one job
+
+
+def _run_one(alias: str, job_id: int) -> Ran | None:
+    """Claim one given ready job (due or not) and run it; None if it is not ready."""
+    from django.db import transaction
+    from django.db.models import F
+
+    from django_venturi.claim import ClaimedJob
+    from django_venturi.clock import database_time
+    from django_venturi.conf import venturi_settings
+    from django_venturi.models import Job
+    from django_venturi.registry import UnknownKind, registry
+    from django_venturi.states import State
+
+    token = uuid.uuid4()
+    with transaction.atomic(using=alias):
+        now = database_time(alias)
+        row = Job.objects.using(alias).select_for_update().filter(id=job_id).first()
+        if row is None or row.state != State.READY:
+            return None
+        try:
+            lease = registry.get(row.kind).lease or venturi_settings.DEFAULT_LEASE
+        except UnknownKind:
+            lease = venturi_settings.DEFAULT_LEASE
+        Job.objects.using(alias).filter(id=job_id).update(
+            state=State.RUNNING,
+            attempt=F("attempt") + 1,
+            started_at=now,
+            claim_token=token,
+            claimed_by=TESTING_WORKER,
+            lease_expires_at=now + lease,
+        )
+        row.refresh_from_db(using=alias)
+    job = ClaimedJob.from_row(
+        row, attempt=row.attempt, started_at=now, claim_token=token, lease=lease
+    )
+    return _execute(alias, job)
+
+
+def _execute(alias: str, job: ClaimedJob) -> Ran:
+    """Run a claimed job's handler here, then write its verdict as a worker would."""
+    from asgiref.sync import async_to_sync
+
+    from django_venturi.completion import write_verdicts
+    from django_venturi.execution import Execution
+    from django_venturi.models import Job, JournalEntry
+    from django_venturi.registry import UnknownKind, registry
+
+    execution = Execution(job, database=alias, stop=threading.Event(), heartbeat=lambda _: True)
+    try:
+        is_async = registry.get(job.kind).is_async
+    except UnknownKind:
+        is_async = False
+    verdict: Verdict = async_to_sync(execution.run_async)() if is_async else execution.run_sync()
+    dirty, progress = execution.take_progress()
+    if dirty:
+        verdict = dataclasses.replace(verdict, set_progress=True, progress=progress)
+    write_verdicts(alias, TESTING_WORKER, [verdict])
+    entry = JournalEntry.objects.using(alias).filter(job_id=job.id).order_by("-id").first()
+    state = Job.objects.using(alias).values_list("state", flat=True).get(id=job.id)
+    return Ran(
+        job_id=job.id,
+        kind=job.kind,
+        attempt=job.attempt,
+        outcome=_journal_outcome(entry.outcome if entry else verdict.outcome),
+        state=_state(state),
+        error=verdict.error.summary() if verdict.error.type else "",
+    )
+
+
+def _journal_outcome(value: str) -> JournalOutcome:
+    from django_venturi.states import JournalOutcome
+
+    return JournalOutcome(value)
+
+
+def _state(value: str) -> State:
+    from django_venturi.states import State
+
+    return State(value)
+
+
+def _alias(using: str | None) -> str:
+    from django_venturi.conf import venturi_settings
+
+    return using or venturi_settings.DATABASE
+
+
+def _kind_name(kind: str | type) -> str:
+    if isinstance(kind, str):
+        return kind
+    from django_venturi.tasks import spec_of
+
+    return spec_of(kind).kind

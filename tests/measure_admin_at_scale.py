@@ -1,0 +1,139 @@
+"""Measure the job admin on 1,000,000 jobs: queries and time per page (not part of the suite).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
+        python -m tests.measure_admin_at_scale [--rows 1000000]
+
+Builds its own database (`venturi_admin_scale`), fills it with `generate_series`
+(most jobs finished, some failed with an error, some ready and running, ten kinds,
+three queues), then loads each admin page a few times with Django's test client
+and prints the number of queries and the best and median time of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+DATABASE = "venturi_admin_scale" + os.environ.get("VENTURI_TEST_RUN", "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--keep", action="store_true", help="Reuse a filled database.")
+    options = parser.parse_args()
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    os.environ["VENTURI_TEST_DATABASE_NAMES"] = json.dumps({"default": DATABASE})
+    import django
+
+    django.setup()
+    if not options.keep:
+        fill(options.rows)
+    measure(options.repeat)
+
+
+def fill(rows: int) -> None:
+    import psycopg
+    from django.core.management import call_command
+    from django.db import connection
+
+    from tests.database import postgres_url
+
+    with psycopg.connect(postgres_url(), autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+        admin.execute(f"CREATE DATABASE {DATABASE}")
+    call_command("migrate", verbosity=0, database="default")
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO django_venturi_job (
+                kind, queue, priority, rank, state, payload, merged_count, attempt, failures,
+                run_at, enqueued_at, started_at, finished_at, claim_token, claimed_by,
+                lease_expires_at, last_error, dedup_key)
+            SELECT
+                (ARRAY['tests.noop','tests.flaky','tests.permanent','tests.sleeper',
+                       'tests.recompute','tests.latest','tests.async','tests.chaos',
+                       'tests.steady','tests.returns_none'])[1 + i %% 10],
+                (ARRAY['default','mail','reports'])[1 + i %% 3],
+                i %% 3, 0, s.state,
+                jsonb_build_object('n', i, 'note', 'order ' || i),
+                0, CASE WHEN s.state = 'ready' THEN 0 ELSE 1 END,
+                CASE WHEN s.state = 'failed' THEN 1 ELSE 0 END,
+                now() - (i %% 600000) * interval '1 second',
+                now() - (i %% 600000) * interval '1 second',
+                CASE WHEN s.state = 'ready' THEN NULL ELSE now() - interval '1 minute' END,
+                CASE WHEN s.state IN ('completed','failed','cancelled')
+                     THEN now() - (i %% 600000) * interval '1 second' END,
+                CASE WHEN s.state = 'running' THEN gen_random_uuid() END,
+                CASE WHEN s.state = 'running' THEN 'scale:1:abc' ELSE '' END,
+                CASE WHEN s.state = 'running' THEN now() + interval '5 minutes' END,
+                CASE WHEN s.state = 'failed' THEN 'ValueError: order ' || i || ' broken'
+                     ELSE '' END,
+                CASE WHEN i %% 50 = 0 AND s.state <> 'ready' THEN 'key:' || i END
+            FROM generate_series(1, %s) AS i,
+            LATERAL (SELECT CASE
+                WHEN i %% 100 < 85 THEN 'completed'
+                WHEN i %% 100 < 90 THEN 'failed'
+                WHEN i %% 100 < 95 THEN 'ready'
+                WHEN i %% 100 < 98 THEN 'cancelled'
+                ELSE 'running' END AS state) AS s
+            """,
+            [rows],
+        )
+    print(f"inserted {rows:,} jobs in {time.perf_counter() - started:.1f} s")
+
+
+def measure(repeat: int) -> None:
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext, setup_test_environment
+
+    from django_venturi.models import Job
+
+    setup_test_environment()
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_venturi_job")
+    user = User.objects.filter(username="scale").first() or User.objects.create_superuser(
+        "scale", password="x"
+    )
+    client = Client()
+    client.force_login(user)
+    some_failed = Job.objects.filter(state="failed").order_by("-id").values_list("id", flat=True)[0]
+    pages = {
+        "list": "",
+        "list, page 200": "?p=200",
+        "state=failed": "?state=failed",
+        "state=ready": "?state=ready",
+        "kind=tests.noop": "?kind=tests.noop",
+        "has_error=yes": "?has_error=yes",
+        "queue=mail&priority=0": "?queue=mail&priority=0",
+        "sorted by enqueued_at": "?o=-8",
+        "search exact id": f"?q={some_failed}",
+        "search payload text": "?q=order%20123457",
+        "job page": f"{some_failed}/change/",
+        "stats page": "stats/",
+    }
+    print(f"{'page':28} {'queries':>7} {'best ms':>8} {'median ms':>9}")
+    for label, suffix in pages.items():
+        url = "/admin/django_venturi/job/" + suffix
+        timings = []
+        for _ in range(repeat):
+            with CaptureQueriesContext(connection) as captured:
+                started = time.perf_counter()
+                response = client.get(url)
+                timings.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, (url, response.status_code)
+        print(
+            f"{label:28} {len(captured.captured_queries):>7} {min(timings):>8.1f}"
+            f" {statistics.median(timings):>9.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,400 @@
+"""The admin with Django's test client: every page and action, with and without permission."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+import django_venturi as venturi
+from django_venturi import admin as venturi_admin
+from django_venturi.models import Job, JournalEntry, WorkerProcess
+from tests.testapp import dedup_tasks, tasks
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:django_venturi_job_changelist")
+STATS = reverse("admin:django_venturi_job_stats")
+CLEANUP = reverse("admin:django_venturi_job_cleanup")
+
+
+@venturi.task(kind="tests.admin_login")
+@dataclasses.dataclass
+class Login(venturi.Task):
+    user: str
+    password: str = venturi.secret()
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
+def finished(
+    state: str, *, kind: str = "tests.noop", age: timedelta = timedelta(0), **fields: Any
+) -> Job:
+    return Job.objects.create(
+        kind=kind,
+        payload=fields.pop("payload", {"n": 1}),
+        state=state,
+        attempt=1,
+        failures=1 if state == "failed" else 0,
+        finished_at=timezone.now() - age,
+        **fields,
+    )
+
+
+def staff(*permissions: str) -> Client:
+    """A logged-in staff user holding the view permission and the given codenames."""
+    user = User.objects.create_user(f"staff{User.objects.count()}", password="x", is_staff=True)
+    codenames = ["view_job", "view_journalentry", *permissions]
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def act(client: Client, action: str, jobs: list[Job], *, confirm: bool) -> Any:
+    data = {"action": action, "_selected_action": [job.pk for job in jobs], "index": 0}
+    if confirm:
+        data["post"] = "yes"
+    return client.post(CHANGELIST, data, follow=confirm)
+
+
+# ---------------------------------------------------------------- access
+
+
+@pytest.mark.parametrize(
+    "url", [CHANGELIST, STATS, CLEANUP, reverse("admin:app_list", args=["django_venturi"])]
+)
+def test_anonymous_users_are_sent_to_the_login_page(client: Client, url: str) -> None:
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+
+
+def test_staff_without_view_permission_cannot_see_jobs_or_stats() -> None:
+    user = User.objects.create_user("nobody", password="x", is_staff=True)
+    client = Client()
+    client.force_login(user)
+    assert client.get(CHANGELIST).status_code == 403
+    assert client.get(STATS).status_code == 403
+    assert client.get(CLEANUP).status_code == 403
+
+
+# ---------------------------------------------------------------- the list
+
+
+def test_changelist_shows_columns_filters_and_links(admin_client: Client) -> None:
+    ready = tasks.Noop(n=1).enqueue()
+    Job.objects.filter(pk=ready.pk).update(run_at=timezone.now() - timedelta(minutes=3))
+    failed = finished("failed", last_error="ValueError: no stock\nTraceback ...")
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "waiting 3m" in page
+    assert "ValueError: no stock" in page
+    assert f"/{failed.pk}/change/" in page
+    for filter_title in ("By state", "By kind", "By queue", "By priority", "By last error"):
+        assert filter_title in page
+    assert "tests.recompute" in page  # kinds come from the registry
+    assert STATS in page and CLEANUP in page
+    assert "Retry now" in page and "Cancel" in page and "Delete selected" in page
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("state=failed", {"failed"}),
+        ("has_error=yes", {"failed"}),
+        ("has_error=no", {"ready", "completed"}),
+        ("kind=tests.recompute", {"completed"}),
+        ("queue=mail", {"ready"}),
+        ("q=account:7", {"completed"}),  # dedup key
+        ("q=needle", {"ready"}),  # payload text
+        ("q=%23999999", set()),  # an id that does not exist
+        ("priority=0", {"ready"}),
+        ("o=-8", {"ready", "failed", "completed"}),  # sorted by a column
+    ],
+)
+def test_changelist_filters_search_and_sorting(
+    admin_client: Client, query: str, expected: set[str]
+) -> None:
+    Job.objects.create(kind="tests.noop", payload={"note": "a needle"}, queue="mail", priority=0)
+    finished("failed", last_error="boom")
+    finished("completed", kind="tests.recompute", dedup_key="account:7", payload={"account": "7"})
+    response = admin_client.get(f"{CHANGELIST}?{query}")
+    assert response.status_code == 200
+    assert {job.state for job in response.context["cl"].result_list} == expected
+
+
+def test_search_by_exact_id(admin_client: Client) -> None:
+    jobs = [finished("completed") for _ in range(3)]
+    for term in (str(jobs[1].pk), f"%23{jobs[1].pk}", f"+{jobs[1].pk}+"):
+        response = admin_client.get(f"{CHANGELIST}?q={term}")
+        assert [job.pk for job in response.context["cl"].result_list] == [jobs[1].pk]
+
+
+def test_changelist_query_count_does_not_grow_with_the_page(admin_client: Client) -> None:
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(CHANGELIST).status_code == 200
+        return len(captured.captured_queries)
+
+    finished("completed")
+    few = queries()
+    for i in range(60):
+        finished("failed" if i % 2 else "completed", last_error="x" if i % 2 else "")
+    assert queries() == few <= 8
+
+
+def test_large_results_show_an_estimated_count(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(venturi_admin, "EXACT_COUNT_LIMIT", 20)
+    Job.objects.bulk_create(
+        Job(kind="tests.noop", payload={"n": i}, state="completed", finished_at=timezone.now())
+        for i in range(30)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_venturi_job")
+    response = admin_client.get(CHANGELIST)
+    cl = response.context["cl"]
+    assert cl.paginator.estimated
+    assert cl.result_count >= 21  # the planner's figure, never below what was seen
+    assert "PostgreSQL's estimate" in response.content.decode()
+    assert f"About {cl.result_count:,} jobs" in response.content.decode()
+    small = admin_client.get(f"{CHANGELIST}?state=ready").context["cl"]
+    assert not small.paginator.estimated and small.result_count == 0
+
+
+# ---------------------------------------------------------------- the job page
+
+
+def test_job_page_shows_json_history_and_folded_tracebacks(admin_client: Client) -> None:
+    job = Login(user="ada", password="hunter2").enqueue()
+    Job.objects.filter(pk=job.pk).update(
+        state="failed", attempt=2, failures=2, finished_at=timezone.now(), carry={"step": 3}
+    )
+    JournalEntry.objects.create(
+        job=job,
+        attempt=1,
+        worker="host:1:abc",
+        started_at=timezone.now() - timedelta(seconds=2),
+        outcome="retry",
+        error_type="ConnectionError",
+        error_message="refused",
+        traceback="Traceback (most recent call last):\n  File 'x.py'\nConnectionError: refused",
+    )
+    JournalEntry.objects.create(
+        job=job,
+        attempt=2,
+        worker="host:1:abc",
+        started_at=timezone.now(),
+        outcome="failed",
+        error_type="ValueError",
+        error_message="bad",
+    )
+    response = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "hunter2" not in page
+    assert "&quot;user&quot;: &quot;ada&quot;" in page  # indented JSON, escaped
+    assert "&quot;step&quot;: 3" in page
+    assert '<details class="venturi-traceback"><summary>ConnectionError: refused</summary>' in page
+    assert "enqueued: ready" in page
+    assert "attempt 1 by host:1:abc: running" in page
+    assert "retry: ready" in page and "failed: failed" in page
+    assert 'name="kind"' not in page and 'name="payload"' not in page  # read-only
+
+
+# ---------------------------------------------------------------- actions
+
+
+def test_retry_asks_for_confirmation_then_makes_jobs_due(admin_client: Client) -> None:
+    failed = finished("failed", last_error="boom")
+    later = tasks.Noop(n=1).enqueue(delay=timedelta(hours=1))
+    done = finished("completed")
+    response = act(admin_client, "retry_now", [failed, later, done], confirm=False)
+    assert response.status_code == 200
+    assert "Retry these jobs now?" in response.content.decode()
+    failed.refresh_from_db()
+    assert failed.state == "failed"  # nothing happens before the confirmation
+    response = act(admin_client, "retry_now", [failed, later, done], confirm=True)
+    assert "2 jobs will run now." in response.content.decode()
+    assert "1 job neither ready nor failed" in response.content.decode()
+    failed.refresh_from_db()
+    later.refresh_from_db()
+    done.refresh_from_db()
+    assert failed.state == "ready" and failed.finished_at is None
+    assert later.run_at <= timezone.now()
+    assert failed.run_at <= timezone.now()
+    assert done.state == "completed"
+
+
+def test_retry_reports_a_dedup_clash_instead_of_crashing(admin_client: Client) -> None:
+    live = dedup_tasks.Recompute(account="1").enqueue()
+    old = finished(
+        "failed", kind="tests.recompute", dedup_key=live.dedup_key, payload={"account": "1"}
+    )
+    response = act(admin_client, "retry_now", [old], confirm=True)
+    assert response.status_code == 200
+    assert f"same kind and dedup key: #{old.pk}" in response.content.decode()
+    old.refresh_from_db()
+    assert old.state == "failed"
+
+
+def test_cancel_cancels_ready_jobs_and_asks_running_ones_to_stop(admin_client: Client) -> None:
+    ready = tasks.Noop(n=1).enqueue()
+    running = tasks.Noop(n=2).enqueue()
+    Job.objects.filter(pk=running.pk).update(
+        state="running",
+        claim_token="00000000-0000-0000-0000-000000000001",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+        started_at=timezone.now(),
+    )
+    response = act(admin_client, "cancel_jobs", [ready, running], confirm=False)
+    assert "Cancel these jobs?" in response.content.decode()
+    response = act(admin_client, "cancel_jobs", [ready, running], confirm=True)
+    assert "1 job cancelled; 1 job running asked to stop." in response.content.decode()
+    ready.refresh_from_db()
+    running.refresh_from_db()
+    assert ready.state == "cancelled"
+    assert running.state == "running" and running.cancel_requested_at is not None
+
+
+def test_delete_removes_jobs_with_their_journal(admin_client: Client) -> None:
+    job = finished("completed")
+    JournalEntry.objects.create(job=job, attempt=1, outcome="completed")
+    response = admin_client.post(
+        CHANGELIST, {"action": "delete_selected", "_selected_action": [job.pk]}
+    )
+    confirmation = response.content.decode().lower()
+    assert 'value="delete_selected"' in confirmation and "journal entr" in confirmation
+    assert "permission to delete" not in response.content.decode()
+    admin_client.post(
+        CHANGELIST, {"action": "delete_selected", "_selected_action": [job.pk], "post": "yes"}
+    )
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert not JournalEntry.objects.filter(job_id=job.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("action", "permission", "state"),
+    [
+        ("retry_now", "retry_job", "failed"),
+        ("cancel_jobs", "cancel_job", "ready"),
+        ("delete_selected", "delete_job", "failed"),
+    ],
+)
+def test_each_action_needs_its_own_permission(action: str, permission: str, state: str) -> None:
+    job = finished("failed") if state == "failed" else tasks.Noop(n=1).enqueue()
+    without = staff()
+    page = without.get(CHANGELIST).content.decode()
+    assert f'value="{action}"' not in page
+    response = act(without, action, [job], confirm=True)
+    assert response.status_code == 200
+    job.refresh_from_db()
+    assert job.state == state
+    with_permission = staff(permission)
+    assert f'value="{action}"' in with_permission.get(CHANGELIST).content.decode()
+    act(with_permission, action, [job], confirm=True)
+    assert not Job.objects.filter(pk=job.pk, state=state).exists()
+
+
+def test_cleanup_page_counts_then_deletes_old_finished_jobs() -> None:
+    old = finished("completed", age=timedelta(days=10))
+    old_failed = finished("failed", age=timedelta(days=10))
+    recent = finished("completed", age=timedelta(hours=1))
+    ready = tasks.Noop(n=1).enqueue()
+    client = staff("cleanup_jobs")
+    assert client.get(CLEANUP).status_code == 200
+    preview = client.post(CLEANUP, {"older_than": "7d", "states": ["completed"], "preview": "1"})
+    assert "This deletes 1 job and 0 journal entries" in preview.content.decode()
+    assert Job.objects.filter(pk=old.pk).exists()
+    client.post(CLEANUP, {"older_than": "7d", "states": ["completed"], "confirm": "1"})
+    assert set(Job.objects.values_list("pk", flat=True)) == {old_failed.pk, recent.pk, ready.pk}
+    bad = client.post(CLEANUP, {"older_than": "soon", "states": ["completed"], "preview": "1"})
+    assert "expected an age like 7d" in bad.content.decode()
+
+
+def test_cleanup_page_needs_its_permission() -> None:
+    client = staff("delete_job")
+    assert client.get(CLEANUP).status_code == 403
+    assert (
+        client.post(
+            CLEANUP, {"older_than": "0s", "states": ["completed"], "confirm": "1"}
+        ).status_code
+        == 403
+    )
+    assert CLEANUP not in client.get(CHANGELIST).content.decode()
+
+
+# ---------------------------------------------------------------- stats
+
+
+def test_stats_page_shows_counts_latency_chart_and_workers(admin_client: Client) -> None:
+    tasks.Noop(n=1).enqueue()
+    Job.objects.filter(kind="tests.noop").update(run_at=timezone.now() - timedelta(minutes=10))
+    job = finished("completed")
+    JournalEntry.objects.create(job=job, attempt=1, outcome="completed", started_at=timezone.now())
+    WorkerProcess.objects.create(name="alive", host="web-1", pid=11, concurrency=4)
+    WorkerProcess.objects.create(
+        name="gone",
+        host="web-2",
+        pid=12,
+        concurrency=4,
+        heartbeat_at=timezone.now() - timedelta(hours=1),
+    )
+    WorkerProcess.objects.create(
+        name="stopped", host="web-3", pid=13, concurrency=4, stopped_at=timezone.now()
+    )
+    response = admin_client.get(STATS)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "tests.noop" in page and "Queue latency" in page
+    assert re.search(r"<td>default</td><td>1</td><td>(9|10)m \d\ds</td>", page)
+    assert "<svg" in page and "1 completed, 0 failed" in page
+    assert "alive" in page and "web-1" in page
+    assert 'gone <span class="venturi-stale">stale</span>' in page
+    assert "alive <span" not in page
+    assert "stopped" not in page.split('id="venturi-workers"')[1].split("</tbody>")[0]
+    last_hour = page.split('id="venturi-last-hour"')[1].split("</tbody>")[0]
+    assert "<td>tests.noop</td><td>default</td><td>1</td><td>0</td><td>0</td>" in last_hour
+    assert 'http-equiv="refresh"' not in page
+
+
+def test_stats_page_can_reload_itself(admin_client: Client) -> None:
+    page = admin_client.get(f"{STATS}?refresh=10").content.decode()
+    assert '<meta http-equiv="refresh" content="10">' in page
+    page = admin_client.get(f"{STATS}?refresh=0").content.decode()
+    assert 'http-equiv="refresh"' not in page
+
+
+def test_app_index_links_to_the_stats_page(admin_client: Client) -> None:
+    page = admin_client.get(reverse("admin:app_list", args=["django_venturi"])).content.decode()
+    assert STATS in page
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+def test_the_admin_reads_jobs_from_the_venturi_database(admin_client: Client) -> None:
+    from django.conf import settings
+    from django.test import override_settings
+
+    job = Login(user="ada", password="hunter2").enqueue(using="sqlite")
+    JournalEntry.objects.using("sqlite").create(job=job, attempt=1, outcome="retry")
+    with override_settings(VENTURI={**settings.VENTURI, "DATABASE": "sqlite"}):
+        listed = admin_client.get(f"{CHANGELIST}?q=ada").context["cl"].result_list
+        assert [row.pk for row in listed] == [job.pk]
+        page = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
+        assert page.status_code == 200 and "retry: ready" in page.content.decode()
+        act(admin_client, "cancel_jobs", [job], confirm=True)
+        assert Job.objects.using("sqlite").get(pk=job.pk).state == "cancelled"
+        assert "tests.admin_login" in admin_client.get(STATS).content.decode()

@@ -1,0 +1,91 @@
+"""Cancelling a running job: the worker hears of it, the handler stops, the job ends cancelled."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+
+import django_venturi as venturi
+from django_venturi import verdicts
+from django_venturi.claim import ClaimedJob
+from django_venturi.completion import write_verdicts
+from django_venturi.models import Job
+from tests.conftest import Workers, wait_until
+from tests.testapp import tasks
+from tests.testapp.control_tasks import Cancellable
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+
+def journal(alias: str, job: Job) -> list[str]:
+    return list(job.journal.using(alias).order_by("id").values_list("outcome", flat=True))
+
+
+def record_of(alias: str, job: Job, kind: str) -> Record | None:
+    return Record.objects.using(alias).filter(job_id=job.id, kind=kind).first()
+
+
+def test_cancel_reaches_a_running_job(alias: str, workers: Workers) -> None:
+    job = Cancellable().enqueue(using=alias)
+    workers.start(alias, "--concurrency", "2")
+    wait_until(lambda: record_of(alias, job, "cancellable_started"), message="the job to start")
+
+    asked_at = time.time()
+    result = venturi.cancel(job.id, using=alias)
+    assert result == venturi.CancelResult(cancelled=0, stopping=1)
+
+    stopped = wait_until(lambda: record_of(alias, job, "cancellable_stopped"), timeout=15)
+    assert stopped.value["cancel"] is True
+    reached_after = stopped.value["at"] - asked_at
+    print(f"cancel reached the handler on {alias} after {reached_after:.3f} s")
+    wait_until(lambda: Job.objects.using(alias).get(id=job.id).state == venturi.State.CANCELLED)
+    job.refresh_from_db()
+    assert job.finished_at is not None and job.cancel_requested_at is not None
+    # The handler returned `completed`; the cancel wins all the same.
+    assert journal(alias, job) == ["cancelled"]
+    if alias == "default":
+        # PostgreSQL: the NOTIFY reaches the worker at once (typically a few ms).
+        assert reached_after < 1.0, reached_after
+        assert "learnt by notification" in workers.log()
+    else:
+        # SQLite: at the worker's next heartbeat (a third of the shortest test lease, 0.67 s).
+        assert reached_after < 3.0, reached_after
+        assert "learnt by heartbeat" in workers.log()
+
+
+def test_cancelling_a_job_that_finished_meanwhile_changes_nothing(
+    alias: str, workers: Workers
+) -> None:
+    job = tasks.Noop().enqueue(using=alias)
+    workers.burst(alias)
+    assert venturi.cancel(job.id, using=alias) == venturi.CancelResult(cancelled=0, stopping=0)
+    job.refresh_from_db()
+    assert job.state == venturi.State.COMPLETED and job.cancel_requested_at is None
+    assert journal(alias, job) == ["completed"]
+
+
+def test_a_requeue_of_a_job_asked_to_cancel_cancels_it(alias: str) -> None:
+    """Even when the worker never heard of the cancel, the job does not go back to ready."""
+    job = tasks.Noop().enqueue(using=alias)
+    token = uuid.uuid4()
+    Job.objects.using(alias).filter(id=job.id).update(
+        state=venturi.State.RUNNING,
+        attempt=1,
+        claim_token=token,
+        lease_expires_at=job.enqueued_at + timedelta(minutes=5),
+        started_at=job.enqueued_at,
+    )
+    job.refresh_from_db()
+    claimed = ClaimedJob.from_row(
+        job, attempt=1, started_at=job.enqueued_at, claim_token=token, lease=timedelta(minutes=5)
+    )
+    assert venturi.cancel(job.id, using=alias).stopping == 1
+    paused = verdicts.Verdict(claimed, venturi.JournalOutcome.PAUSED, venturi.State.READY)
+    assert write_verdicts(alias, "test", [paused]) == {job.id}
+    job.refresh_from_db()
+    assert job.state == venturi.State.CANCELLED and job.finished_at is not None
+    assert journal(alias, job) == ["cancelled"]

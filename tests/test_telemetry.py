@@ -1,0 +1,122 @@
+"""OpenTelemetry: metrics and spans when enabled, and no import at all when not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_venturi import telemetry
+from django_venturi.checks import check_settings
+from django_venturi.worker import Worker
+from tests.conftest import ROOT, worker_env
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+WITHOUT_METRICS = """
+import sys
+import django
+django.setup()
+import django_venturi.admin
+from django_venturi.worker import Worker
+from tests.testapp import tasks
+tasks.Noop(n=1).enqueue(using=sys.argv[1])
+Worker(burst=True, database=sys.argv[1], concurrency=2).run()
+print(sorted(name for name in sys.modules if name.startswith("opentelemetry")))
+"""
+
+
+def test_nothing_imports_opentelemetry_when_metrics_are_off(alias: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_METRICS, alias],
+        env=worker_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert "completed" in result.stderr  # the job ran
+
+
+@pytest.fixture
+def recorded() -> Iterator[tuple[Any, ...]]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    reader = InMemoryMetricReader()
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    with override_settings(VENTURI={**settings.VENTURI, "METRICS": True}):
+        telemetry.uninstall()
+        yield reader, spans, MeterProvider(metric_readers=[reader]), tracer_provider
+        telemetry.uninstall()
+
+
+def points(reader: Any) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for resource in reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+def test_runs_durations_gauges_and_spans_are_recorded(alias: str, recorded: Any) -> None:
+    reader, spans, meter_provider, tracer_provider = recorded
+    telemetry.install(
+        database=alias, meter_provider=meter_provider, tracer_provider=tracer_provider
+    )
+    tasks.Noop(n=1).enqueue(using=alias)
+    tasks.Flaky(failures=1).enqueue(using=alias)
+    tasks.Permanent().enqueue(using=alias)
+    Worker(burst=True, database=alias, concurrency=2, poll_interval=0.05).run()
+    tasks.Noop(n=2).enqueue(using=alias, queue="mail")
+    tasks.Noop(n=3).enqueue(using=alias, queue="mail", delay=timedelta(hours=1))
+
+    data = points(reader)
+    runs = {
+        (p.attributes["venturi.kind"], p.attributes["venturi.outcome"]): p.value
+        for p in data["venturi.job.runs"]
+    }
+    assert runs == {
+        ("tests.noop", "completed"): 1,
+        ("tests.flaky", "retry"): 1,
+        ("tests.flaky", "completed"): 1,
+        ("tests.permanent", "failed"): 1,
+    }
+    assert sum(p.count for p in data["venturi.job.duration"]) == 4
+    ready = {p.attributes["venturi.queue"]: p.value for p in data["venturi.jobs.ready"]}
+    assert ready == {"mail": 2}
+    latency = {p.attributes["venturi.queue"]: p.value for p in data["venturi.queue.latency"]}
+    assert set(latency) == {"mail"} and latency["mail"] >= 0
+
+    finished = spans.get_finished_spans()
+    assert sorted(span.name for span in finished) == [
+        "venturi.job tests.flaky",
+        "venturi.job tests.flaky",
+        "venturi.job tests.noop",
+        "venturi.job tests.permanent",
+    ]
+    failed = next(span for span in finished if span.name == "venturi.job tests.permanent")
+    assert failed.status.status_code.name == "ERROR"
+    assert failed.attributes["venturi.outcome"] == "failed"
+    assert failed.end_time >= failed.start_time
+
+
+def test_metrics_must_be_a_bool() -> None:
+    with override_settings(VENTURI={"METRICS": "yes"}):
+        assert [message.id for message in check_settings()] == ["venturi.E036"]

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ThirdPartyConfig(AppConfig):
+    name = "tests.thirdparty"
+    label = "thirdparty"
