@@ -5,7 +5,8 @@ VENTURI_BENCH_DB naming the database; prints one JSON object on stdout.
 Timing starts after Django is set up and the first connection is made.
 
   single  N `SinkJob(i=i).enqueue()` calls in autocommit (W1)
-  bulk    one `venturi.enqueue_many([...])` call inside `transaction.atomic()` (W1b)
+  bulk    one `venturi.enqueue_many([...])` call inside `transaction.atomic()` (W1b;
+          W6 and W8 too, with --first for the first i)
   wake    the W3 probe, then 200 jobs on an absolute 20 ms schedule, one transaction each
   dedup   one of W7's concurrent producers: sleep until --start (a time.time() value),
           then N `CountJob(key=i % KEYS).enqueue()` calls in autocommit
@@ -43,7 +44,7 @@ def single(n: int) -> dict[str, float | int]:
     return {"n": n, "elapsed": elapsed, "statements": n, "transactions": n}
 
 
-def bulk(n: int) -> dict[str, float | int]:
+def bulk(n: int, first: int = 0) -> dict[str, float | int]:
     from django.db import transaction
 
     import django_venturi as venturi
@@ -52,7 +53,7 @@ def bulk(n: int) -> dict[str, float | int]:
 
     start = time.perf_counter()
     with transaction.atomic():
-        jobs = venturi.enqueue_many([SinkJob(i=i) for i in range(n)])
+        jobs = venturi.enqueue_many([SinkJob(i=i) for i in range(first, first + n)])
     elapsed = time.perf_counter() - start
     assert len(jobs) == n
     return {
@@ -102,12 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", type=float, default=15.0)
     parser.add_argument("--keys", type=int, default=10)
     parser.add_argument("--start", type=float, default=0.0)
+    parser.add_argument("--first", type=int, default=0, help="bulk: the first i")
     args = parser.parse_args(argv)
     _setup()
     if args.mode == "single":
         result = single(args.n)
     elif args.mode == "bulk":
-        result = bulk(args.n)
+        result = bulk(args.n, args.first)
     elif args.mode == "dedup":
         result = dedup(args.n, args.keys, args.start)
     else:

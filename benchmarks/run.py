@@ -35,7 +35,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from benchmarks import limit  # noqa: E402
+from benchmarks import chart, limit  # noqa: E402
 from benchmarks.sink import SINK_ENV, SinkReader  # noqa: E402
 
 SETTINGS = "benchmarks.bench_project.settings"
@@ -108,7 +108,33 @@ QUICK_GRID = [Cell(1, 32, 100, 0), Cell(2, 32, 100, 0)]
 
 LIMIT_DRAINS = [("claim1", 1), ("batch100", 1), ("batch100", 2)]
 
-WORKLOADS = ("w4", "w1", "w2a", "w1b", "w2b", "w3", "w7")
+WORKLOADS = ("w4", "w1", "w2a", "w1b", "w2b", "w3", "w6", "w7", "w8")
+
+# W6: claim-and-complete TARGET jobs beside a large table of jobs the worker does
+# not take: ready jobs due tomorrow (same kind, queue, tier and rank, so they sit in
+# the very range of the claim index the claim walks, past the due ones), or
+# finished jobs (outside the partial index altogether).
+W6_TARGET = 5_000
+W6_CASES = (
+    ("ready_10k", "ready", 10_000),
+    ("ready_1m", "ready", 1_000_000),
+    ("finished_1m", "finished", 1_000_000),
+)
+QUICK_W6_TARGET = 100
+QUICK_W6_CASES = (
+    ("ready_10k", "ready", 1_000),
+    ("ready_1m", "ready", 10_000),
+    ("finished_1m", "finished", 10_000),
+)
+W6_CELL = Cell(1, 32, 100, 0)
+"""W6 and W8 run one worker process at concurrency 32 without the per-job log line."""
+
+# W8: worker RSS after a warm-up, then every W8_STEP jobs up to W8_JOBS more.
+W8_WARMUP = 1_000
+W8_JOBS = 100_000
+W8_STEP = 10_000
+QUICK_W8 = (100, 1_000, 250)
+W8_TIMEOUT = 300.0
 
 # W7: producers x enqueues each over DEDUP_KEYS keys (key = i % DEDUP_KEYS).
 DEDUP_PRODUCERS = 8
@@ -136,6 +162,11 @@ class Options:
     quick: bool
     output: Path
     dedup_per_producer: int = DEDUP_PER_PRODUCER
+    w6_target: int = W6_TARGET
+    w6_cases: tuple[tuple[str, str, int], ...] = W6_CASES
+    w8: tuple[int, int, int] = (W8_WARMUP, W8_JOBS, W8_STEP)
+    """Warm-up jobs, measured jobs, jobs between RSS samples."""
+    chart: Path | None = None
     run: int = 0
     """The repetition being run (0-based): names the log and sink files."""
 
@@ -159,6 +190,8 @@ class Drain:
     done_once: int
     malformed: int
     seconds: float
+    flow: float | None
+    """N / (t_all_done - t_first): the claim-and-complete rate without start-up (W6)."""
     longest_pause: float | None
     """The longest gap between consecutive handler entries, in ms: a stall detector."""
     exits: list[int]
@@ -193,6 +226,8 @@ class Wake:
     max: float | None
     duplicates: int
     error: str = ""
+    latencies: list[float] = dataclasses.field(default_factory=list)
+    """Every latency received, in ms (for the chart)."""
 
     def problems(self) -> list[str]:
         found = []
@@ -250,6 +285,38 @@ class Record:
     wakes: dict[str, Wake] = dataclasses.field(default_factory=dict)
     notes: dict[str, str] = dataclasses.field(default_factory=dict)
     dedup: Dedup | None = None
+    memory: Memory | None = None
+
+
+@dataclasses.dataclass
+class Memory:
+    """W8: the worker's resident set size, sampled as it works through many jobs."""
+
+    warmup: int
+    jobs: int
+    samples: list[tuple[int, int]]
+    """(jobs handled since the warm-up, VmRSS in kB), the first one after the warm-up."""
+    handled: int
+    duplicates: int
+    unfinished: int
+    seconds: float
+    error: str = ""
+
+    @property
+    def growth_mb(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        return (self.samples[-1][1] - self.samples[0][1]) / 1024
+
+    def problems(self) -> list[str]:
+        found = [self.error] if self.error else []
+        if self.handled != self.warmup + self.jobs:
+            found.append(f"{self.handled:,}/{self.warmup + self.jobs:,} handled")
+        if self.duplicates:
+            found.append(f"{self.duplicates} i handled twice")
+        if self.unfinished:
+            found.append(f"{self.unfinished} jobs unfinished")
+        return found
 
 
 # ---------------------------------------------------------------- databases and processes
@@ -409,7 +476,7 @@ def drain(
         (done_once,) = poller.execute(done_once_sql).fetchone()
     entries = sorted(t for ts in reader.times.values() for t in ts)
     handled = len(reader.times)
-    steady = startup = done = pause = None
+    steady = startup = done = pause = flow = None
     if entries:
         t_first, t_last = entries[0], entries[-1]
         pause = max((b - a for a, b in itertools.pairwise(entries)), default=0.0) * 1000
@@ -418,6 +485,8 @@ def drain(
         startup = handled / (t_last - t_spawn)
     if t_all_done is not None and handled == n:
         done = n / (t_all_done - t_spawn)
+        if entries and t_all_done > entries[0]:
+            flow = n / (t_all_done - entries[0])
     return Drain(
         n=n,
         handled=handled,
@@ -430,6 +499,7 @@ def drain(
         done_once=done_once,
         malformed=reader.malformed,
         seconds=seconds,
+        flow=flow,
         longest_pause=pause,
         exits=exits,
     )
@@ -483,6 +553,7 @@ def wake(
         max=max(latencies) if latencies else None,
         duplicates=len(reader.duplicates()),
         error=result.get("error", ""),
+        latencies=latencies,
     )
 
 
@@ -621,6 +692,149 @@ def run_venturi_wake(options: Options, record: Record, cells: dict[str, Cell]) -
             log(f"  W3 {cell.label()}: {describe_wake(result)}")
 
 
+W6_BUILD = """
+INSERT INTO django_venturi_job
+    (kind, queue, priority, rank, state, payload, attempt, failures, run_at, enqueued_at,
+     started_at, finished_at, claimed_by, last_error)
+SELECT template.kind, template.queue, template.priority, template.rank, %(state)s,
+       jsonb_set(template.payload, '{i}', to_jsonb(%(base)s + g)), %(attempt)s, 0,
+       now() + %(run_in)s::interval, now(), %(finished_at)s, %(finished_at)s, '', ''
+FROM (SELECT * FROM django_venturi_job ORDER BY id LIMIT 1) AS template,
+     generate_series(1, %(count)s) AS g
+"""
+W6_OTHERS_BASE = 50_000_000
+"""The `i` of the jobs the W6 worker must not take (never written to the sink)."""
+
+
+def build_w6_table(options: Options, dbname: str, state: str, count: int) -> float:
+    """Add `count` rows the worker will not take, in one INSERT ... SELECT; return seconds."""
+    ready = state == "ready"
+    params = {
+        "state": "ready" if ready else "completed",
+        "base": W6_OTHERS_BASE,
+        "attempt": 0 if ready else 1,
+        "run_in": "1 day" if ready else "-1 hour",
+        "finished_at": None if ready else dt_now(),
+        "count": count,
+    }
+    started = time.monotonic()
+    with psycopg.connect(dsn(options, dbname), autocommit=True) as conn:
+        conn.execute(W6_BUILD, params)
+    return time.monotonic() - started
+
+
+def dt_now() -> Any:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC)
+
+
+def run_venturi_backlog(options: Options, record: Record) -> None:
+    """W6: claim-and-complete TARGET jobs beside 10k / 1M other rows, one database each."""
+    target = options.w6_target
+    for key, state, count in options.w6_cases:
+        with fresh_database(options, f"w6_{key}") as dbname:
+            migrate(options, dbname)
+            produce(options, dbname, "bulk", "--n", str(target))
+            with psycopg.connect(dsn(options, dbname), autocommit=True) as conn:
+                (last_target,) = conn.execute("SELECT max(id) FROM django_venturi_job").fetchone()
+            built = build_w6_table(options, dbname, state, count)
+            bound = f" AND id <= {int(last_target)}"
+            drained = drain(
+                dataclasses.replace(options, n=target),
+                dbname,
+                venturi_workers(W6_CELL),
+                name=f"w6_{key}",
+                unfinished_sql=VENTURI_UNFINISHED + bound,
+                done_once_sql=VENTURI_DONE_ONCE + bound,
+            )
+            record.drains[f"w6:{key}"] = drained
+            record.notes[f"w6:{key}"] = f"{count:,} {state} rows built in {built:.1f} s"
+            log(f"  W6 {target:,} jobs beside {count:,} {state}: {describe(drained)}")
+
+
+def rss_kb(pid: int) -> int | None:
+    """VmRSS of a process, in kB (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def run_venturi_memory(options: Options, record: Record) -> None:
+    """W8: one worker; RSS after a warm-up, then every STEP jobs over JOBS more jobs."""
+    warmup, jobs, step = options.w8
+    started = time.monotonic()
+    with fresh_database(options, "w8") as dbname:
+        migrate(options, dbname)
+        sink_path = options.artifact("w8.sink")
+        sink_path.unlink(missing_ok=True)
+        reader = SinkReader(str(sink_path))
+        env = child_env(options, dbname, sink_path)
+        samples: list[tuple[int, int]] = []
+        error = ""
+        with spawned(venturi_workers(W6_CELL), env, options.artifact("w8")) as (worker,):
+
+            def wait_for(count: int, deadline: float) -> bool:
+                while reader.poll() < count:
+                    if worker.poll() is not None:
+                        return False
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(SINK_POLL)
+                return True
+
+            def sample(done: int) -> None:
+                kb = rss_kb(worker.pid)
+                if kb is not None:
+                    samples.append((done, kb))
+
+            deadline = time.monotonic() + W8_TIMEOUT
+            produce(options, dbname, "bulk", "--n", str(warmup))
+            if wait_for(warmup, deadline):
+                time.sleep(0.5)  # the last verdicts written, the worker idle
+                sample(0)
+                produce(options, dbname, "bulk", "--n", str(jobs), "--first", str(warmup))
+                for mark in range(step, jobs + 1, step):
+                    if not wait_for(warmup + mark, deadline):
+                        break
+                    sample(mark)
+                time.sleep(0.5)
+                if samples and samples[-1][0] == jobs:
+                    samples[-1] = samples[-1][0], rss_kb(worker.pid) or samples[-1][1]
+            if worker.poll() is not None:
+                error = f"worker exited early (code {worker.returncode})"
+            elif reader.poll() < warmup + jobs:
+                error = "timeout"
+        reader.poll()
+        with psycopg.connect(dsn(options, dbname), autocommit=True) as conn:
+            (unfinished,) = conn.execute(VENTURI_UNFINISHED).fetchone()
+    record.memory = Memory(
+        warmup=warmup,
+        jobs=jobs,
+        samples=samples,
+        handled=len(reader.times),
+        duplicates=len(reader.duplicates()),
+        unfinished=unfinished,
+        seconds=time.monotonic() - started,
+        error=error,
+    )
+    log(f"  W8 memory: {describe_memory(record.memory)}")
+
+
+def describe_memory(result: Memory) -> str:
+    series = ", ".join(f"{kb / 1024:.1f}" for _, kb in result.samples)
+    problems = "; ".join(result.problems())
+    return (
+        f"RSS {series} MB every {result.samples[1][0] if len(result.samples) > 1 else 0:,} jobs, "
+        f"growth {fmt(result.growth_mb, 1)} MB, {result.seconds:.0f} s"
+    ) + (f" [{problems}]" if problems else "")
+
+
 DEDUP_LIVE = """
 SELECT count(*) FILTER (WHERE state IN ('ready', 'running')),
        coalesce(sum((payload->>'count')::bigint) FILTER (WHERE state IN ('ready', 'running')), 0),
@@ -723,13 +937,13 @@ def fmt(value: float | None, digits: int = 0) -> str:
 
 
 def best_cell(records: list[Record]) -> str | None:
-    """The W2b cell with the highest mean steady rate."""
+    """The W2b cell with the highest mean "all done in DB" rate (the speed issue's metric)."""
     keys = [key for key in records[0].drains if key.startswith("w2b:")]
     if not keys:
         return None
 
     def score(key: str) -> float:
-        return mean([r.drains[key].steady for r in records if key in r.drains]) or 0.0
+        return mean([r.drains[key].done for r in records if key in r.drains]) or 0.0
 
     return max(keys, key=score)
 
@@ -895,6 +1109,9 @@ def build_table(options: Options, records: list[Record]) -> tuple[str, list[str]
         note += "; ratio to W1 single enqueue" if reference else "; no W1 in this run"
         rows.append(["W7", config, "enqueue", f"{figure(values)} enqueues/s", shown, note])
 
+    backlog_rows(options, records, rows, failures)
+    memory_rows(records, rows, failures)
+
     header = ["workload", "configuration", "metric", "figure", "ratio to W4", "checks / notes"]
     lines = [
         "| " + " | ".join(header) + " |",
@@ -908,6 +1125,99 @@ def build_table(options: Options, records: list[Record]) -> tuple[str, list[str]
     )
     text = f"### {title}\n\n{code_version()}\n\n" + "\n".join(lines) + "\n"
     return text, failures
+
+
+def backlog_rows(
+    options: Options, records: list[Record], rows: list[list[str]], failures: list[str]
+) -> None:
+    """W6: one row per case and metric; the ratio is to the 10k case (flat = 1.00)."""
+    results = {
+        key: r.drains[f"w6:{key}"]
+        for key, _, _ in options.w6_cases
+        for r in records
+        if f"w6:{key}" in r.drains
+    }
+    if not results:
+        return
+    first_key = options.w6_cases[0][0]
+    reference = results.get(first_key)
+    for key, state, count in options.w6_cases:
+        result = results.get(key)
+        if result is None:
+            continue
+        problems = result.problems()
+        failures.extend(f"W6 {key}: {problem}" for problem in problems)
+        others = "ready, due in 1 day" if state == "ready" else "finished (completed)"
+        config = f"{options.w6_target:,} jobs beside {count:,} {others}; {W6_CELL.label()}"
+        note = "; ".join(problems) if problems else "ok: each i once, 0 unfinished"
+        build = next((r.notes[f"w6:{key}"] for r in records if f"w6:{key}" in r.notes), "")
+        note += f"; {build}; ratio to the {options.w6_cases[0][2]:,} case (1.00 = flat)"
+        for metric, label in (("steady", "steady"), ("flow", "first entry to all done in DB")):
+            value = getattr(result, metric)
+            base = getattr(reference, metric) if reference is not None else None
+            rows.append(["W6", config, label, f"{fmt(value)} jobs/s", ratio(value, base), note])
+
+
+def memory_rows(records: list[Record], rows: list[list[str]], failures: list[str]) -> None:
+    """W8: RSS after the warm-up, after all jobs, and the growth."""
+    memory = next((r.memory for r in records if r.memory is not None), None)
+    if memory is None:
+        return
+    problems = memory.problems()
+    failures.extend(f"W8: {problem}" for problem in problems)
+    config = (
+        f"{W6_CELL.label()}; {memory.warmup:,} warm-up jobs, then {memory.jobs:,} "
+        "(`enqueue_many`, one transaction)"
+    )
+    series = ", ".join(f"{kb / 1024:.1f}" for _, kb in memory.samples)
+    note = "; ".join(problems) if problems else "ok"
+    note += (
+        f"; VmRSS every {memory.samples[1][0]:,} jobs: {series} MB"
+        if len(memory.samples) > 1
+        else ""
+    )
+    start = memory.samples[0][1] / 1024 if memory.samples else None
+    end = memory.samples[-1][1] / 1024 if memory.samples else None
+    rows.append(["W8", config, "RSS after warm-up", f"{fmt(start, 1)} MB", "\u2014", note])
+    rows.append(
+        ["W8", config, f"RSS after {memory.jobs:,} more", f"{fmt(end, 1)} MB", "\u2014", note]
+    )
+    rows.append(["W8", config, "RSS growth", f"{fmt(memory.growth_mb, 1)} MB", "\u2014", note])
+
+
+def draw_chart(options: Options, records: list[Record], title: str) -> None:
+    """The PNG of the W2 throughputs and W3 latencies (needs matplotlib, the `bench` extra)."""
+    if options.chart is None:
+        return
+    if not chart.available():
+        log("no chart: matplotlib is not installed (pip install -e '.[bench]')")
+        return
+    drains: list[tuple[str, list[Drain]]] = []
+    for mode, processes in LIMIT_DRAINS:
+        key = f"limit_{mode}x{processes}"
+        results = [r.drains[key] for r in records if key in r.drains]
+        if results:
+            drains.append(
+                (f"W4 {mode}, {processes} process{'es' if processes > 1 else ''}", results)
+            )
+    for key in records[0].drains:
+        if key == "w2a" or key.startswith("w2b:"):
+            label = "W2a " + DEFAULTS.label() if key == "w2a" else "W2b " + key[4:]
+            drains.append((label, [r.drains[key] for r in records if key in r.drains]))
+    wakes: list[tuple[str, list[float]]] = []
+    for key in records[0].wakes:
+        latencies = [t for r in records if key in r.wakes for t in r.wakes[key].latencies]
+        if key.startswith("limit_"):
+            label = "W4 claim1, 1 process"
+        else:
+            label = ("W3 defaults" if key.startswith("default:") else "W3 W2b best: ") + (
+                "" if key.startswith("default:") else key.split(":", 1)[1]
+            )
+        wakes.append((label, latencies))
+    if not drains and not wakes:
+        return
+    chart.draw(options.chart, title=title, n=options.n, drains=drains, wakes=wakes)
+    log(f"chart: {options.chart}")
 
 
 # ---------------------------------------------------------------- main
@@ -929,6 +1239,17 @@ def code_version() -> str:
     if dirty:
         return f"code: {commit}, plus uncommitted changes to {len(dirty)} django_venturi/ file(s)"
     return f"code: {commit}"
+
+
+def parse_cells(text: str) -> list[Cell]:
+    """`PxC[xB[xV]]` cells, comma-separated: processes, concurrency, batch size, verbosity."""
+    cells = []
+    for spec in text.split(","):
+        numbers = [int(part) for part in spec.strip().split("x")]
+        if not 2 <= len(numbers) <= 4:
+            raise SystemExit(f"--cells: {spec!r} is not PxC[xB[xV]]")
+        cells.append(Cell(*numbers))  # type: ignore[arg-type]
+    return cells
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -955,6 +1276,18 @@ def parse(argv: list[str] | None) -> Options:
         default=None,
         help="where to write the table (results/latest.md; with --quick, results/quick.md)",
     )
+    parser.add_argument(
+        "--cells",
+        default=None,
+        help="W2b cells instead of the grid, e.g. 1x32x100x0,2x128 (processes x concurrency "
+        "[x batch size [x verbosity]])",
+    )
+    parser.add_argument(
+        "--chart",
+        type=Path,
+        default=None,
+        help="where to draw the chart (results/latest.png; the docs show docs/benchmarks.png)",
+    )
     args = parser.parse_args(argv)
     workloads = {w.strip().lower() for w in args.workloads.split(",") if w.strip()}
     unknown = workloads - set(WORKLOADS)
@@ -964,7 +1297,7 @@ def parse(argv: list[str] | None) -> Options:
     return Options(
         n=n,
         repeat=args.repeat or (1 if args.quick else 2),
-        grid=QUICK_GRID if args.quick else GRID,
+        grid=parse_cells(args.cells) if args.cells else QUICK_GRID if args.quick else GRID,
         wake_count=20 if args.quick else 200,
         wake_settle=0.5 if args.quick else 1.0,
         analyze=not args.no_analyze,
@@ -973,6 +1306,10 @@ def parse(argv: list[str] | None) -> Options:
         quick=args.quick,
         output=args.output or RESULTS_DIR / ("quick.md" if args.quick else "latest.md"),
         dedup_per_producer=QUICK_DEDUP_PER_PRODUCER if args.quick else DEDUP_PER_PRODUCER,
+        w6_target=QUICK_W6_TARGET if args.quick else W6_TARGET,
+        w6_cases=QUICK_W6_CASES if args.quick else W6_CASES,
+        w8=QUICK_W8 if args.quick else (W8_WARMUP, W8_JOBS, W8_STEP),
+        chart=args.chart or RESULTS_DIR / ("quick.png" if args.quick else "latest.png"),
     )
 
 
@@ -996,6 +1333,11 @@ def main(argv: list[str] | None = None) -> int:
             run_venturi_bulk(options, record)
         if "w7" in options.workloads:
             run_venturi_dedup(options, record)
+        # W6 and W8 are slow to set up and measure growth, not a rate: once per invocation.
+        if run == 0 and "w6" in options.workloads:
+            run_venturi_backlog(options, record)
+        if run == 0 and "w8" in options.workloads:
+            run_venturi_memory(options, record)
         records.append(record)
     if "w3" in options.workloads:
         w3_cells = {"default": DEFAULTS}
@@ -1019,6 +1361,7 @@ def main(argv: list[str] | None = None) -> int:
     output = options.output
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(table + footer + "\n")
+    draw_chart(options, records, table.splitlines()[0].removeprefix("### "))
     raw = [dataclasses.asdict(record) for record in records]
     output.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str))
     return 1 if failures else 0
