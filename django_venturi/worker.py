@@ -15,6 +15,7 @@ The management command `venturi_worker` only parses flags and builds a `Worker`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -779,6 +780,17 @@ class Worker:
             )
 
     def _database_back(self) -> None:
+        """After an action succeeded: if the database was lost, is it back? Say so once.
+
+        An action may succeed without a round trip (a scheduler pass with no
+        schedules, a claim with every kind at its cap), so while the database is
+        down, success alone proves nothing: this thread's connection must work.
+        """
+        with self._lock:
+            if self._database_down_since is None:
+                return
+        if not self._database_reachable():
+            return
         with self._lock:
             since, self._database_down_since = self._database_down_since, None
         if since is not None:
@@ -788,6 +800,19 @@ class Worker:
                 time.monotonic() - since,
                 extra={"worker": self.name},
             )
+
+    def _database_reachable(self) -> bool:
+        """Whether this thread can reach the worker's database (a round trip, if need be)."""
+        connection = connections[self.database]
+        try:
+            connection.ensure_connection()
+            if connection.is_usable():
+                return True
+        except DATABASE_ERRORS:
+            pass
+        with contextlib.suppress(*DATABASE_ERRORS):
+            connection.close()
+        return False
 
     def _reconnect_delay(self) -> float:
         with self._lock:

@@ -12,9 +12,11 @@ touched.
 from __future__ import annotations
 
 import collections
+import logging
 import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +28,7 @@ from django.db import connections
 import django_venturi as venturi
 from django_venturi.listener import connection_params
 from django_venturi.models import Job, JournalEntry
+from django_venturi.worker import Worker
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -82,6 +85,7 @@ def outage() -> Iterator[None]:
     Only this run's database refuses connections; the server, and other runs on
     it, carry on.
     """
+    connections[ALIAS].ensure_connection()  # the test's own, kept through the outage
     name = connections[ALIAS].ops.quote_name(connections[ALIAS].settings_dict["NAME"])
     # PostgreSQL wants this said from another database: the server's maintenance one.
     params = {**connection_params(ALIAS), "dbname": "postgres"}
@@ -289,3 +293,36 @@ def test_results_computed_during_an_outage_longer_than_the_lease_are_fenced(
         f"\noutage > lease: {len(written_late)} results written late, {len(recovered)} claims "
         f"recovered, {len(discarded)} late results discarded; {len(reran)} jobs reran"
     )
+
+
+def test_an_action_without_a_round_trip_does_not_count_as_the_database_coming_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A scheduler pass with no schedules succeeds with the database down: not a recovery."""
+    worker = Worker(database=ALIAS, concurrency=1)
+    outcomes: list[object] = []
+
+    def in_a_thread(action: Callable[[], object]) -> None:
+        """The worker's own threads have their own connections: so does this one."""
+
+        def run() -> None:
+            try:
+                outcomes.append(worker._guarded(action))
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(timeout=30)
+
+    with caplog.at_level(logging.INFO, logger="django_venturi"):
+        with outage():
+            in_a_thread(lambda: Job.objects.using(ALIAS).exists())
+            in_a_thread(lambda: "no round trip")
+            in_a_thread(lambda: "no round trip")
+        lost_during = caplog.text.count("lost the database")
+        back_during = caplog.text.count("reconnected after")
+        in_a_thread(lambda: "no round trip")
+    assert outcomes == [None, "no round trip", "no round trip", "no round trip"]
+    assert (lost_during, back_during) == (1, 0), caplog.text
+    assert caplog.text.count("reconnected after") == 1, caplog.text
