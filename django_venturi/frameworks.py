@@ -167,9 +167,15 @@ def check_json(value: Any, where: str) -> Any:
 
     Django requires Task arguments and return values to be JSON; venturi refuses
     anything that would not read back equal (non-str keys, NaN, other types).
+    UTF-8 bytes become text, as Django's own `TaskResult` makes them.
     """
     if value is None or isinstance(value, str | bool | int):
         return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"{where} is bytes that are not UTF-8 text") from None
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{where} is {value!r}, which JSON cannot hold")

@@ -105,14 +105,17 @@ def test_enqueue_returns_a_ready_result_and_a_worker_runs_it(
 def test_arguments_and_the_return_value_round_trip_as_json(
     tasks: ModuleType, workers: Workers
 ) -> None:
-    result = tasks.echo.enqueue(1, "two", [3.5, None], (4, 5), flag=True, nested={"a": [1]})
+    result = tasks.echo.enqueue(
+        1, "two", [3.5, None], (4, 5), "café".encode(), flag=True, nested={"a": [1]}
+    )
     workers.burst("default")
     result.refresh()
+    # UTF-8 bytes become text, as Django's own TaskResult makes them.
     assert result.return_value == {
-        "args": [1, "two", [3.5, None], [4, 5]],
+        "args": [1, "two", [3.5, None], [4, 5], "café"],
         "kwargs": {"flag": True, "nested": {"a": [1]}},
     }
-    assert result.args == [1, "two", [3.5, None], [4, 5]]
+    assert result.args == [1, "two", [3.5, None], [4, 5], "café"]
 
 
 def test_arguments_that_are_not_json_are_refused_at_enqueue(tasks: ModuleType) -> None:
@@ -124,6 +127,8 @@ def test_arguments_that_are_not_json_are_refused_at_enqueue(tasks: ModuleType) -
         tasks.echo.enqueue([1, math.nan])
     with pytest.raises(TypeError, match=r"has the key 1 \(int\); JSON keys must be str"):
         tasks.echo.enqueue({1: "one"})
+    with pytest.raises(ValueError, match=r"kwargs\['raw'\] is bytes that are not UTF-8 text"):
+        tasks.echo.enqueue(raw=b"\xff\xfe")
     assert not Job.objects.exists()
 
 
