@@ -3,8 +3,8 @@ Wagtail apps whose own background tasks run through the Tasks API on venturi wor
 
 from __future__ import annotations
 
+import os
 import tempfile
-from pathlib import Path
 
 from tests.settings import *  # noqa: F403
 from tests.settings import INSTALLED_APPS, RUN_SUFFIX
@@ -19,9 +19,13 @@ INSTALLED_APPS = [
     "tests.wagtail_check.site",
 ]
 
-# The test process and its worker subprocesses share this: a worker deletes a document's
-# file from the storage that Wagtail deconstructs into the task's arguments.
-MEDIA_ROOT = str(Path(tempfile.gettempdir()) / f"venturi-wagtail-media{RUN_SUFFIX}")
+# A fresh directory per test run, which its worker subprocesses inherit through the
+# environment: a worker deletes a document's file from the storage that Wagtail
+# deconstructs into the task's arguments.
+if "VENTURI_TEST_MEDIA_ROOT" not in os.environ:
+    prefix = f"venturi-wagtail-media{RUN_SUFFIX}-"
+    os.environ["VENTURI_TEST_MEDIA_ROOT"] = tempfile.mkdtemp(prefix=prefix)
+MEDIA_ROOT = os.environ["VENTURI_TEST_MEDIA_ROOT"]
 MEDIA_URL = "/media/"
 STATIC_URL = "/static/"
 

@@ -122,6 +122,7 @@ def test_deleting_a_document_enqueues_wagtails_file_deletion_that_a_worker_runs(
     document.save()
     path = Path(document.file.path)
     name = document.file.name
+    assert name == "documents/report.txt"
     assert path.read_bytes() == b"quarterly numbers"
 
     with transaction.atomic():
