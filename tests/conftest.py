@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connections
 
 ROOT = Path(__file__).resolve().parent.parent
 BOTH_DATABASES = ["default", "sqlite"]
+WAGTAIL_CHECK = ROOT / "tests" / "wagtail_check"
+WAGTAIL_SETTINGS = "tests.wagtail_check.settings"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,12 +42,23 @@ def alias(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    """tests/wagtail_check/ runs under its own settings only (`tox -e wagtail`): the
+    default suite neither collects it nor imports Wagtail."""
+    if collection_path == WAGTAIL_CHECK and os.environ.get("DJANGO_SETTINGS_MODULE") != (
+        WAGTAIL_SETTINGS
+    ):
+        return True
+    return None
+
+
 def worker_env() -> dict[str, str]:
+    """The environment of a worker subprocess: this run's settings and test databases."""
     names = {alias: connections[alias].settings_dict["NAME"] for alias in BOTH_DATABASES}
     env = dict(os.environ)
     env.update(
         {
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
             "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
             "VENTURI_TEST_DATABASE_NAMES": json.dumps(names),
             "PYTHONUNBUFFERED": "1",
