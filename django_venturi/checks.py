@@ -10,6 +10,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 
+from django_venturi import telemetry
 from django_venturi.conf import DEFAULTS
 
 HINT = "See 'Settings' in the django-venturi guide."
@@ -136,6 +137,15 @@ def check_settings(
     if "METRICS" in user and not isinstance(user["METRICS"], bool):
         errors.append(
             _error("METRICS", f"must be True or False, got {user['METRICS']!r}", "venturi.E036")
+        )
+    elif user.get("METRICS") and not telemetry.available():
+        errors.append(
+            _error(
+                "METRICS",
+                "is True but OpenTelemetry is not installed: "
+                "pip install 'django-venturi[metrics]' (and an SDK and exporter)",
+                "venturi.E037",
+            )
         )
     errors.extend(check_sqlite_transaction_mode(user, settings.DATABASES))
     return errors

@@ -163,11 +163,13 @@ class Worker:
             len(registry.kinds()),
             extra={"worker": self.name},
         )
-        self._guarded(self._register)
+        # A configuration error stops the worker here, before it registers: a worker
+        # that never ran must not be listed as live.
         telemetry.install(database=self.database)
         self._start_threads()
-        Sweeper.start_if_configured(alias=self.database, stop=self._stop)
+        self._guarded(self._register)
         try:
+            Sweeper.start_if_configured(alias=self.database, stop=self._stop)
             self._claim_loop()
         finally:
             self._shut_down()

@@ -117,6 +117,46 @@ def test_runs_durations_gauges_and_spans_are_recorded(alias: str, recorded: Any)
     assert failed.end_time >= failed.start_time
 
 
+WITHOUT_OPENTELEMETRY = """
+import sys
+sys.modules["opentelemetry"] = None  # as if it were not installed
+import django
+django.setup()
+from django.conf import settings
+from django.core import checks
+from django.test import override_settings
+from django_venturi.models import WorkerProcess
+from django_venturi.worker import Worker
+with override_settings(VENTURI={**settings.VENTURI, "METRICS": True}):
+    print("checks:", [m.id for m in checks.run_checks() if m.id.startswith("venturi.")])
+    try:
+        Worker(burst=True, database=sys.argv[1], name="never-ran").run()
+    except RuntimeError as error:
+        print("refused:", error)
+print("registered:", WorkerProcess.objects.using(sys.argv[1]).filter(name="never-ran").count())
+"""
+
+
+def test_metrics_without_opentelemetry_is_a_check_error_and_the_worker_never_registers(
+    alias: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_OPENTELEMETRY, alias],
+        env=worker_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "checks: ['venturi.E037']"
+    assert lines[1].startswith("refused: ") and "django-venturi[metrics]" in lines[1]
+    # Not listed as a live worker: it stopped before registering.
+    assert lines[2] == "registered: 0"
+
+
 def test_metrics_must_be_a_bool() -> None:
     with override_settings(VENTURI={"METRICS": "yes"}):
         assert [message.id for message in check_settings()] == ["venturi.E036"]
