@@ -600,7 +600,7 @@ class JobAdmin(JobAdminBase):
                 self.message_user(
                     request,
                     f"Deleted {result.jobs} jobs and {result.journal_entries} journal entries "
-                    f"in {result.batches} batches.",
+                    f"{result.in_batches()}.",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(reverse("admin:django_venturi_job_changelist"))

@@ -37,6 +37,10 @@ class CleanupResult:
     workers: int = 0
     """Registry rows of workers stopped (or silent) for longer than `older_than`."""
 
+    def in_batches(self) -> str:
+        """'in 1 batch', 'in 3 batches': the end of a report sentence."""
+        return f"in {self.batches} batch" + ("" if self.batches == 1 else "es")
+
 
 def cleanup(
     *,

@@ -140,7 +140,8 @@ def gives_up(job: ClaimedJob, spec: TaskSpec | None, failures: int) -> str:
     if max_attempts is None:
         max_attempts = venturi_settings.DEFAULT_MAX_ATTEMPTS
     if max_attempts is not None and failures >= max_attempts:
-        return f"gave up after {failures} failed attempts (max_attempts={max_attempts})"
+        attempts = "attempt" if failures == 1 else "attempts"
+        return f"gave up after {failures} failed {attempts} (max_attempts={max_attempts})"
     give_up_after = spec.give_up_after if spec is not None else None
     if give_up_after is not None and job.started_at - job.enqueued_at >= give_up_after:
         return f"gave up: first enqueued more than {give_up_after} ago (give_up_after)"

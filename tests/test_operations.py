@@ -113,7 +113,7 @@ def test_venturi_cleanup_command(alias: str) -> None:
     assert "would delete 1 jobs and 1 journal entries" in out.getvalue()
     out = io.StringIO()
     call_command("venturi_cleanup", "--older-than", "7d", "--database", alias, stdout=out)
-    assert "deleted 1 jobs and 1 journal entries in 1 batches" in out.getvalue()
+    assert "deleted 1 jobs and 1 journal entries in 1 batch" in out.getvalue()
     assert not Job.objects.using(alias).exists()
 
 

@@ -72,5 +72,5 @@ class Command(BaseCommand):
         verb = "would delete" if options["dry_run"] else "deleted"
         self.stdout.write(
             f"{verb} {result.jobs} jobs and {result.journal_entries} journal entries"
-            + ("" if options["dry_run"] else f" in {result.batches} batches")
+            + ("" if options["dry_run"] else f" {result.in_batches()}")
         )
