@@ -27,7 +27,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Field, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -146,6 +146,34 @@ def compact_time(moment: datetime | None) -> str:
     return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else ""
 
 
+def model_field(model: type[Job] | type[JournalEntry], name: str) -> Field[Any, Any]:
+    """A concrete field of the model (not a relation's reverse side)."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field), name
+    return field
+
+
+def to_the_second(model: type[Job] | type[JournalEntry], field: str) -> Callable[[Any, Any], str]:
+    """A read-only admin column showing a datetime field to the second (`compact_time`).
+
+    Django shows datetimes in `DATETIME_FORMAT`, "Dec. 3, 2026, 9 a.m.", without
+    the seconds (or even the minutes) that a job's times are about.
+    """
+
+    @admin.display(description=model_field(model, field).verbose_name, ordering=field)
+    def show(model_admin: Any, obj: Any) -> str:
+        return compact_time(getattr(obj, field)) or "-"
+
+    show.__name__ = f"{field}_text"
+    return show
+
+
+def help_texts(model: type[Job], fields: Sequence[str]) -> dict[str, str]:
+    """The model's help texts, for the `to_the_second` columns of those fields."""
+    found = {name: str(model_field(model, name).help_text) for name in fields}
+    return {f"{name}_text": text for name, text in found.items() if text}
+
+
 def short_age(delta: timedelta) -> str:
     """`42s`, `5m 03s`, `2h 10m`, `3d 4h`: readable at a glance in a narrow column."""
     seconds = int(delta.total_seconds())
@@ -168,10 +196,12 @@ class JournalInline(JournalInlineBase):
     model = JournalEntry
     extra = 0
     can_delete = False
-    fields = ("attempt", "outcome", "worker", "started_at", "duration", "error")
+    fields = ("attempt", "outcome", "worker", "started_at_text", "duration", "error")
     readonly_fields = fields
     ordering = ("id",)
     verbose_name_plural = "journal (one entry per run)"
+
+    started_at_text = to_the_second(JournalEntry, "started_at")
 
     @admin.display(description="duration")
     def duration(self, entry: JournalEntry) -> str:
@@ -259,8 +289,36 @@ class CleanupForm(forms.Form):
 # ---------------------------------------------------------------- the job admin
 
 
+JOB_TIMES = (
+    "enqueued_at",
+    "run_at",
+    "started_at",
+    "finished_at",
+    "last_merged_at",
+    "lease_expires_at",
+    "cancel_requested_at",
+    "periodic_tick",
+)
+
+
+class JobAdminForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The job page's form: its times are shown by `to_the_second`, with the fields' help."""
+
+    class Meta:
+        help_texts = help_texts(Job, JOB_TIMES)
+
+
 @admin.register(Job)
 class JobAdmin(JobAdminBase):
+    form = JobAdminForm
+    enqueued_at_text = to_the_second(Job, "enqueued_at")
+    run_at_text = to_the_second(Job, "run_at")
+    started_at_text = to_the_second(Job, "started_at")
+    finished_at_text = to_the_second(Job, "finished_at")
+    last_merged_at_text = to_the_second(Job, "last_merged_at")
+    lease_expires_at_text = to_the_second(Job, "lease_expires_at")
+    cancel_requested_at_text = to_the_second(Job, "cancel_requested_at")
+    periodic_tick_text = to_the_second(Job, "periodic_tick")
     list_display = (
         "id",
         "kind",
@@ -292,7 +350,7 @@ class JobAdmin(JobAdminBase):
                     "attempt",
                     "failures",
                     "merged_count",
-                    "last_merged_at",
+                    "last_merged_at_text",
                     "last_error_text",
                     "progress_text",
                     "state_history_table",
@@ -301,7 +359,7 @@ class JobAdmin(JobAdminBase):
         ),
         (
             "Times",
-            {"fields": ("enqueued_at", "run_at", "started_at", "finished_at")},
+            {"fields": ("enqueued_at_text", "run_at_text", "started_at_text", "finished_at_text")},
         ),
         (
             "Claim",
@@ -309,9 +367,9 @@ class JobAdmin(JobAdminBase):
                 "fields": (
                     "claimed_by",
                     "claim_token",
-                    "lease_expires_at",
-                    "cancel_requested_at",
-                    "periodic_tick",
+                    "lease_expires_at_text",
+                    "cancel_requested_at_text",
+                    "periodic_tick_text",
                 ),
                 "classes": ("collapse",),
             },
@@ -330,19 +388,19 @@ class JobAdmin(JobAdminBase):
         "attempt",
         "failures",
         "merged_count",
-        "last_merged_at",
+        "last_merged_at_text",
         "last_error_text",
         "state_history_table",
-        "enqueued_at",
-        "run_at",
-        "started_at",
-        "finished_at",
+        "enqueued_at_text",
+        "run_at_text",
+        "started_at_text",
+        "finished_at_text",
         "claimed_by",
         "claim_token",
-        "lease_expires_at",
+        "lease_expires_at_text",
         "progress_text",
-        "cancel_requested_at",
-        "periodic_tick",
+        "cancel_requested_at_text",
+        "periodic_tick_text",
     )
     inlines = (JournalInline,)
 
@@ -727,22 +785,33 @@ def chart(snapshot: Stats) -> dict[str, Any]:
 
 @admin.register(JournalEntry)
 class JournalEntryAdmin(JournalEntryAdminBase):
-    list_display = ("id", "job", "attempt", "outcome", "worker", "started_at", "finished_at")
+    list_display = (
+        "id",
+        "job",
+        "attempt",
+        "outcome",
+        "worker",
+        "started_at_text",
+        "finished_at_text",
+    )
     list_filter = ("outcome",)
     list_select_related = ("job",)
     readonly_fields = (
         "job",
         "attempt",
         "worker",
-        "started_at",
-        "finished_at",
+        "started_at_text",
+        "finished_at_text",
         "outcome",
         "error_type",
         "error_message",
         "traceback",
     )
+    fields = readonly_fields
     paginator = EstimatedCountPaginator
     show_full_result_count = False
+    started_at_text = to_the_second(JournalEntry, "started_at")
+    finished_at_text = to_the_second(JournalEntry, "finished_at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
         return super().get_queryset(request).using(venturi_settings.DATABASE)

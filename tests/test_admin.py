@@ -215,6 +215,28 @@ def test_job_page_shows_json_history_and_folded_tracebacks(admin_client: Client)
     assert 'name="kind"' not in page and 'name="payload"' not in page  # read-only
 
 
+def test_job_and_journal_pages_show_times_to_the_second(admin_client: Client) -> None:
+    job = tasks.Noop(n=1).enqueue()
+    started = timezone.now().replace(hour=9, minute=0, second=19, microsecond=0)
+    Job.objects.filter(pk=job.pk).update(
+        state="completed", started_at=started, finished_at=started + timedelta(seconds=1)
+    )
+    entry = JournalEntry.objects.create(
+        job=job, attempt=1, worker="host:1:abc", started_at=started, outcome="completed"
+    )
+    shown = timezone.localtime(started).strftime("%Y-%m-%d %H:%M:%S")  # not "9 a.m."
+    for url in (
+        reverse("admin:django_venturi_job_change", args=[job.pk]),
+        reverse("admin:django_venturi_journalentry_changelist"),
+        reverse("admin:django_venturi_journalentry_change", args=[entry.pk]),
+    ):
+        page = admin_client.get(url).content.decode()
+        assert page.count(shown) >= 1, url
+        assert " a.m." not in page, url
+    page = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
+    assert "Start of the latest run." in page.content.decode()  # the field's help is kept
+
+
 # ---------------------------------------------------------------- actions
 
 
