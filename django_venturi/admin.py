@@ -45,6 +45,7 @@ from django_venturi.retention import cleanup
 from django_venturi.retry import retry_now
 from django_venturi.snapshot import FAILING, Stats, stats
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
+from django_venturi.verdicts import GAVE_UP_SEPARATOR
 
 if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]
@@ -433,6 +434,8 @@ class JobAdmin(JobAdminBase):
             return ""
         first_line = job.last_error.strip().splitlines()[0] if job.last_error.strip() else ""
         error_type, colon, message = first_line.partition(": ")
+        # A give-up says so first; the state column says it too, so show the error itself.
+        message = message.partition(GAVE_UP_SEPARATOR)[2] or message
         if colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
             first_line = f"{error_type.rpartition('.')[2]}: {message}"
         short = first_line if len(first_line) <= 40 else first_line[:39] + "…"

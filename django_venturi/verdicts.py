@@ -20,6 +20,8 @@ from django_venturi.states import JournalOutcome, State
 
 ERROR_MESSAGE_LIMIT = 2000
 TRACEBACK_LIMIT = 20_000
+GAVE_UP_SEPARATOR = "; last error: "
+"""Between why a job gave up and its last run's error, in the job's `last_error`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,7 +129,9 @@ def retry(
             JournalOutcome.FAILED if outcome is JournalOutcome.RETRY else outcome,
             State.FAILED,
             failed_run=True,
-            error=dataclasses.replace(error, message=f"{give_up}; last error: {error.message}"),
+            error=dataclasses.replace(
+                error, message=f"{give_up}{GAVE_UP_SEPARATOR}{error.message}"
+            ),
         )
     backoff = spec.backoff if spec is not None else Fibonacci()
     delay = after if after is not None else backoff.delay(job_id=job.id, failures=failures)

@@ -96,11 +96,17 @@ def test_changelist_shows_columns_filters_and_links(admin_client: Client) -> Non
     ready = tasks.Noop(n=1).enqueue()
     Job.objects.filter(pk=ready.pk).update(run_at=timezone.now() - timedelta(minutes=3))
     failed = finished("failed", last_error="ValueError: no stock\nTraceback ...")
+    finished(
+        "failed",
+        last_error="builtins.ConnectionError: gave up after 3 failed attempts (max_attempts=3)"
+        "; last error: refused",
+    )
     response = admin_client.get(CHANGELIST)
     assert response.status_code == 200
     page = response.content.decode()
     assert "waiting 3m" in page
     assert "ValueError: no stock" in page
+    assert ">ConnectionError: refused<" in page  # a give-up shows its last error
     assert f"/{failed.pk}/change/" in page
     for filter_title in ("By state", "By kind", "By queue", "By priority", "By last error"):
         assert filter_title in page
