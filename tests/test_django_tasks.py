@@ -374,6 +374,25 @@ def test_signals_of_the_tasks_framework_are_sent(tasks: ModuleType, workers: Wor
         assert not Record.objects.filter(kind__startswith=f"{other}:").exists()
 
 
+@pytest.mark.parametrize("function", ["fail", "async_fail"])
+def test_task_finished_of_a_failed_task_is_sent_inside_its_exception_handler(
+    tasks: ModuleType, workers: Workers, function: str
+) -> None:
+    """The frameworks' own `task_finished` receivers log `sys.exc_info()`: the worker's
+    log shows the FAILED record with the task's own traceback, as `TaskError` stores it."""
+    task = getattr(tasks, function)
+    message = f"boom {uuid.uuid4().hex}"
+    result = task.enqueue(message)
+    log = workers.burst("default").stderr
+    result.refresh()
+    (error,) = result.errors
+    assert f"in {function}\n" in error.traceback
+    assert error.traceback.rstrip().endswith(f"ValueError: {message}")
+    record = f"Task id={result.id} path={task.module_path} state=FAILED"
+    assert f"{record}\n{error.traceback.rstrip()}\n" in log, log
+    assert "NoneType: None" not in log
+
+
 def test_enqueue_is_part_of_the_callers_transaction(tasks: ModuleType) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         Account.objects.create(email="a@example.com")
