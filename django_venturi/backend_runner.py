@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -169,13 +170,22 @@ def _failed(run: TasksRun, error: BaseException) -> Verdict:
         verdict = Verdict(
             job, JournalOutcome.RETRY, State.READY, delay=delay, failed_run=True, error=info
         )
-    return dataclasses.replace(verdict, after_write=_finished_signal(run, verdict, None))
+    return dataclasses.replace(verdict, after_write=_finished_signal(run, verdict, None, error))
 
 
-def _finished_signal(run: TasksRun, verdict: Verdict, value: Any) -> Any:
-    """`task_finished`, sent once the verdict is written (so `refresh()` sees it)."""
+def _finished_signal(
+    run: TasksRun, verdict: Verdict, value: Any, error: BaseException | None = None
+) -> Any:
+    """`task_finished`, sent once the verdict is written (so `refresh()` sees it).
+
+    `error` is what the task raised, if it did: the signal is then sent inside a
+    handler of it (see `_in_handler_of`). It is sent once, and the exception is
+    held no longer than that (its traceback keeps the run's frames alive).
+    """
 
     def send(applied: bool) -> None:
+        nonlocal error
+        raised, error = error, None
         if not applied:
             return  # this worker had lost the job: another run owns its result
         this_run = frameworks.Run(
@@ -194,9 +204,34 @@ def _finished_signal(run: TasksRun, verdict: Verdict, value: Any) -> Any:
             runs=[*run.facts.runs, this_run],
         )
         result = frameworks.task_result(run.framework, run.resolved, facts)
-        _send(run, run.framework.task_finished, result)
+        if raised is None:
+            _send(run, run.framework.task_finished, result)
+        else:
+            _in_handler_of(raised, lambda: _send(run, run.framework.task_finished, result))
 
     return send
+
+
+def _in_handler_of(error: BaseException, call: Callable[[], None]) -> None:
+    """Call `call` inside an `except` block handling `error`, as if it had just been caught.
+
+    Django's own backends send `task_finished` of a failed task from their
+    `except` block, and both frameworks' logging receivers rely on it: they log
+    `sys.exc_info()` (the backport with `logger.exception`), which error trackers
+    such as Sentry pick up. venturi sends it later, from the completer thread once
+    the verdict is written, so the task's exception is raised again here. Raising
+    prepends this frame to its traceback (and would chain a handled exception as
+    its context): both are put back, so `sys.exc_info()` gives the traceback the
+    task left, the one its `TaskError` shows, and no cycle runs through this frame.
+    """
+    traceback, context = error.__traceback__, error.__context__
+    try:
+        raise error
+    except BaseException:
+        error.__traceback__, error.__context__ = traceback, context
+        call()
+    finally:
+        error.__traceback__, error.__context__ = traceback, context
 
 
 def _send(run: TasksRun, signal: Signal, result: Any) -> None:

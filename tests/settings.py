@@ -141,5 +141,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_venturi": {"handlers": ["stderr"], "level": "INFO"}},
+    "loggers": {
+        "django_venturi": {"handlers": ["stderr"], "level": "INFO"},
+        # The Tasks frameworks' own records of failed tasks, with their tracebacks.
+        "django.tasks": {"handlers": ["stderr"], "level": "ERROR", "propagate": False},
+        "django_tasks": {"handlers": ["stderr"], "level": "ERROR", "propagate": False},
+    },
 }

@@ -7,10 +7,13 @@ the backport installed both run, in one project, against one TASKS setting.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import math
+import sys
 import uuid
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -24,7 +27,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import frameworks
+from django_venturi import backend_runner, frameworks
 from django_venturi.claim import ClaimRequest, claim, postgresql_statement
 from django_venturi.models import Job, JournalEntry
 from django_venturi.scheduling import TierClock
@@ -372,6 +375,53 @@ def test_signals_of_the_tasks_framework_are_sent(tasks: ModuleType, workers: Wor
     others = [other for other in INSTALLED if other != name]
     for other in others:
         assert not Record.objects.filter(kind__startswith=f"{other}:").exists()
+
+
+@pytest.mark.parametrize("function", ["fail", "async_fail"])
+def test_task_finished_of_a_failed_task_is_sent_inside_its_exception_handler(
+    tasks: ModuleType, workers: Workers, function: str
+) -> None:
+    """The frameworks' own `task_finished` receivers log `sys.exc_info()`: the worker's
+    log shows the FAILED record with the task's own traceback, as `TaskError` stores it."""
+    task = getattr(tasks, function)
+    message = f"boom {uuid.uuid4().hex}"
+    result = task.enqueue(message)
+    log = workers.burst("default").stderr
+    result.refresh()
+    (error,) = result.errors
+    assert f"in {function}\n" in error.traceback
+    assert error.traceback.rstrip().endswith(f"ValueError: {message}")
+    record = f"Task id={result.id} path={task.module_path} state=FAILED"
+    assert f"{record}\n{error.traceback.rstrip()}\n" in log, log
+    assert "NoneType: None" not in log
+
+
+class Boom(Exception):
+    """An exception that can be weakly referenced (built-in ones cannot)."""
+
+
+def caught_boom() -> Boom:
+    try:
+        raise Boom("from the task")
+    except Boom as error:
+        return error
+
+
+def test_the_exception_handler_of_task_finished_keeps_the_traceback_and_no_cycle() -> None:
+    error = caught_boom()
+    traceback = error.__traceback__
+    seen: list[Any] = []
+    gc.disable()
+    try:
+        backend_runner._in_handler_of(error, lambda: seen.append(sys.exc_info()))
+        assert seen == [(Boom, error, traceback)]
+        assert error.__traceback__ is traceback and error.__context__ is None
+        freed = weakref.ref(error)
+        seen.clear()
+        del error
+        assert freed() is None, "a reference cycle keeps the exception alive"
+    finally:
+        gc.enable()
 
 
 def test_enqueue_is_part_of_the_callers_transaction(tasks: ModuleType) -> None:

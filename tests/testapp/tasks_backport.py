@@ -64,6 +64,12 @@ async def async_add(a: int, b: int) -> int:
     return a + b
 
 
+@task
+async def async_fail(message: str) -> None:
+    await asyncio.sleep(0)
+    raise ValueError(message)
+
+
 @task(takes_context=True)
 async def async_context(context: TaskContext, value: str) -> dict[str, Any]:
     await asyncio.sleep(0)
