@@ -18,6 +18,7 @@ from django.utils import timezone
 import django_venturi as venturi
 from django_venturi import admin as venturi_admin
 from django_venturi.models import Job, JournalEntry, WorkerProcess
+from tests.conftest import ROOT
 from tests.testapp import dedup_tasks, tasks
 
 pytestmark = pytest.mark.django_db
@@ -404,6 +405,22 @@ def test_stats_page_can_reload_itself(admin_client: Client) -> None:
     assert '<meta http-equiv="refresh" content="10">' in page
     page = admin_client.get(f"{STATS}?refresh=0").content.decode()
     assert 'http-equiv="refresh"' not in page
+
+
+def test_pages_style_themselves_from_a_static_file_not_inline(admin_client: Client) -> None:
+    """A strict Content-Security-Policy (`style-src 'self'`) blocks inline styles."""
+    job = tasks.Noop(n=1).enqueue()
+    for url in (
+        CHANGELIST,
+        STATS,
+        reverse("admin:django_venturi_job_change", args=[job.pk]),
+        reverse("admin:app_list", args=["django_venturi"]),
+    ):
+        page = admin_client.get(url).content.decode()
+        assert "django_venturi/admin.css" in page, url
+        assert "<style" not in page and 'style="' not in page, url
+    css = ROOT / "django_venturi" / "static" / "django_venturi" / "admin.css"
+    assert ".venturi-state" in css.read_text()
 
 
 def test_app_index_links_to_the_stats_page(admin_client: Client) -> None:
