@@ -67,6 +67,8 @@ applied AS (
         carry = CASE WHEN verdict.set_carry THEN verdict.carry::jsonb ELSE job.carry END,
         result = CASE WHEN verdict.set_result THEN verdict.result::jsonb ELSE job.result END,
         failures = job.failures + verdict.failed,
+        -- The run's real start (its handler's), later than the claim if it waited.
+        started_at = verdict.started_at,
         last_error = CASE WHEN verdict.error_type = '' THEN job.last_error
                           ELSE verdict.error_type || ': ' || verdict.error_message END,
         claim_token = NULL,
@@ -153,6 +155,7 @@ def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]
             changes: dict[str, object] = {
                 "state": verdict.state,
                 "failures": F("failures") + int(verdict.failed_run),
+                "started_at": verdict.job.started_at,
                 "claim_token": None,
                 "lease_expires_at": None,
             }

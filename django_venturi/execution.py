@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django_venturi import backend_runner, verdicts
@@ -27,8 +30,12 @@ class Execution:
         stop: threading.Event,
         heartbeat: Callable[[Execution], bool],
         worker: str = "",
+        claimed: float | None = None,
     ) -> None:
         self.job = job
+        """The claimed job; from its handler's start, `started_at` is that start."""
+        self.claimed = time.monotonic() if claimed is None else claimed
+        """`time.monotonic()` when the job was claimed (the time of `job.started_at`)."""
         self.worker = worker
         """The name of the worker running it."""
         self.database = database
@@ -49,6 +56,17 @@ class Execution:
         self._progress_lock = threading.Lock()
         self._progress: dict[str, Any] | None = None
         self._progress_dirty = False
+
+    def mark_started(self) -> None:
+        """The handler starts now: record it, and date the run from here, not the claim.
+
+        The claim's database time plus the monotonic time the job waited in the
+        buffer, so the journal keeps one clock (the database's) and no statement
+        is added.
+        """
+        self.started = time.monotonic()
+        waited = timedelta(seconds=max(0.0, self.started - self.claimed))
+        self.job = dataclasses.replace(self.job, started_at=self.job.started_at + waited)
 
     # ------------------------------------------------------------ progress
 

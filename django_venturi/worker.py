@@ -280,17 +280,19 @@ class Worker:
 
     def _claim(self, free: int) -> list[ClaimedJob]:
         jobs = claim(self.database, self._claim_request(free), self._clock)
+        claimed = time.monotonic()
         for job in jobs:
-            self._dispatch(job)
+            self._dispatch(job, claimed)
         return jobs
 
-    def _dispatch(self, job: ClaimedJob) -> None:
+    def _dispatch(self, job: ClaimedJob, claimed: float) -> None:
         execution = Execution(
             job,
             database=self.database,
             stop=self._stop,
             heartbeat=self._heartbeat_one,
             worker=self.name,
+            claimed=claimed,
         )
         with self._lock:
             self._queued[job.id] = execution
@@ -352,7 +354,7 @@ class Worker:
             return True
 
     def _started(self, execution: Execution) -> None:
-        execution.started = time.monotonic()
+        execution.mark_started()
         job = execution.job
         self._send(
             signals.job_started,

@@ -32,6 +32,7 @@ from django_venturi.claim import ClaimRequest, claim, postgresql_statement
 from django_venturi.models import Job, JournalEntry
 from django_venturi.scheduling import TierClock
 from tests.conftest import Workers, wait_until
+from tests.test_run_times import assert_sequential
 from tests.test_tampering import tripwire  # noqa: F401 - the fixture
 from tests.testapp import tasks as venturi_tasks
 from tests.testapp.models import Account, Record
@@ -156,6 +157,22 @@ def test_unknown_ids_raise_task_result_does_not_exist(tasks: ModuleType) -> None
             tasks.add.get_result(unknown)
         with pytest.raises(does_not_exist):
             tasks.add.get_backend().get_result(unknown)
+
+
+def test_runs_on_one_slot_report_their_own_start_not_the_claims(
+    tasks: ModuleType, workers: Workers
+) -> None:
+    nap = 0.3
+    results = [tasks.nap.enqueue(nap), tasks.nap.enqueue(nap)]
+
+    workers.burst("default", "--concurrency", "1")
+
+    for result in results:
+        result.refresh()
+        assert result.return_value == nap
+        assert result.last_attempted_at == result.started_at
+    assert results[0].started_at != results[1].started_at
+    assert_sequential([(result.started_at, result.finished_at) for result in results], nap)
 
 
 # ---------------------------------------------------------------- defer and priority

@@ -7,6 +7,7 @@ the conformance tests run against each framework installed.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from django_tasks import TaskContext, task
@@ -21,6 +22,12 @@ connect_recorders(FRAMEWORK, task_enqueued, task_started, task_finished)
 @task
 def add(a: int, b: int) -> int:
     return a + b
+
+
+@task
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
 
 
 @task
