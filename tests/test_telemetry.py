@@ -33,9 +33,10 @@ print(sorted(name for name in sys.modules if name.startswith("opentelemetry")))
 """
 
 
-def test_nothing_imports_opentelemetry_when_metrics_are_off(alias: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", WITHOUT_METRICS, alias],
+def run_script(script: str, alias: str) -> subprocess.CompletedProcess[str]:
+    """Run `script` in a fresh interpreter, as a worker process of this run would start."""
+    return subprocess.run(
+        [sys.executable, "-c", script, alias],
         env=worker_env(),
         cwd=ROOT,
         capture_output=True,
@@ -43,6 +44,10 @@ def test_nothing_imports_opentelemetry_when_metrics_are_off(alias: str) -> None:
         timeout=120,
         check=False,
     )
+
+
+def test_nothing_imports_opentelemetry_when_metrics_are_off(alias: str) -> None:
+    result = run_script(WITHOUT_METRICS, alias)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert "completed" in result.stderr  # the job ran
@@ -140,15 +145,7 @@ print("registered:", WorkerProcess.objects.using(sys.argv[1]).filter(name="never
 def test_metrics_without_opentelemetry_is_a_check_error_and_the_worker_never_registers(
     alias: str,
 ) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", WITHOUT_OPENTELEMETRY, alias],
-        env=worker_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_script(WITHOUT_OPENTELEMETRY, alias)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "checks: ['venturi.E037']"
