@@ -23,6 +23,7 @@ from django.utils import timezone
 from django_venturi import frameworks, verdicts
 from django_venturi.backoff import Fibonacci
 from django_venturi.claim import ClaimedJob
+from django_venturi.reconnect import closing_broken_on_error
 from django_venturi.registry import TASKS_KIND_PREFIX
 from django_venturi.states import JournalOutcome, State
 from django_venturi.verdicts import ErrorInfo, Verdict
@@ -100,7 +101,9 @@ def run_sync(execution: Execution) -> Verdict:
 
 
 async def run_async(execution: Execution) -> Verdict:
-    prepared = await sync_to_async(_prepare, thread_sensitive=False)(execution)
+    prepared = await sync_to_async(closing_broken_on_error(_prepare), thread_sensitive=False)(
+        execution
+    )
     if isinstance(prepared, Verdict):
         return prepared
     args, kwargs = prepared.arguments()

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.utils import timezone
 
+from django_venturi.reconnect import closing_broken_on_error
+
 if TYPE_CHECKING:
     from django_venturi.models import JournalEntry
 
@@ -144,13 +146,15 @@ class Context:
         """`heartbeat()` for `async def` handlers."""
         from asgiref.sync import sync_to_async
 
-        return await sync_to_async(self._heartbeat, thread_sensitive=False)()
+        heartbeat = closing_broken_on_error(self._heartbeat)
+        return await sync_to_async(heartbeat, thread_sensitive=False)()
 
     async def ajournal(self) -> list[JournalEntry]:
         """`journal` for `async def` handlers."""
         from asgiref.sync import sync_to_async
 
-        return await sync_to_async(lambda: self.journal, thread_sensitive=False)()
+        journal = closing_broken_on_error(lambda: self.journal)
+        return await sync_to_async(journal, thread_sensitive=False)()
 
     @property
     def journal(self) -> list[JournalEntry]:

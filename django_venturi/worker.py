@@ -32,6 +32,7 @@ from functools import partial
 from types import FrameType
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django import db
 from django.db import connections
 from django.dispatch import Signal
@@ -58,6 +59,7 @@ from django_venturi.conf import as_timedelta, venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.listener import Listener
 from django_venturi.periodic import Scheduler
+from django_venturi.reconnect import DATABASE_ERRORS, close_broken_connections
 from django_venturi.registry import registry
 from django_venturi.scheduling import TierClock
 from django_venturi.states import JournalOutcome
@@ -67,7 +69,6 @@ from django_venturi.verdicts import Verdict
 
 logger = logging.getLogger("django_venturi.worker")
 
-DATABASE_ERRORS = (db.OperationalError, db.InterfaceError)
 """Errors that mean the database went away: wait, reconnect, carry on."""
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 COMPLETER_BATCH = 500
@@ -137,6 +138,9 @@ class Worker:
         self._mean_duration: float | None = None
         """Moving average of handler durations, in seconds (sizes the local buffer)."""
         self.processed = 0
+        self._async_connections_checked = True
+        """False after a lost database or a failed async run, until `sync_to_async`'s
+        thread has closed its broken connections."""
         self._lost_threads = 0
         """Handler threads abandoned past their timeout that have not returned yet."""
         self._unreplaced = 0
@@ -410,9 +414,20 @@ class Worker:
     async def _run_async(self, execution: Execution) -> None:
         if not self._start(execution):
             return
+        await self._check_async_connections()
         self._started(execution)
         verdict = await execution.run_async()
+        if verdict.error.type:
+            self._async_connections_checked = False  # a broken connection fails a run
         self._finish(execution, verdict)
+
+    async def _check_async_connections(self) -> None:
+        """After a lost database or a failed async run: mend the connections of
+        `sync_to_async`'s thread, where async handlers' ORM calls run."""
+        if self._async_connections_checked:
+            return
+        self._async_connections_checked = True
+        await sync_to_async(close_broken_connections, thread_sensitive=True)()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -768,9 +783,8 @@ class Worker:
 
     def _database_lost(self, error: Exception) -> None:
         db.close_old_connections()
-        for connection in connections.all(initialized_only=True):
-            if connection.connection is not None and not connection.is_usable():
-                connection.close()
+        close_broken_connections()
+        self._async_connections_checked = False
         with self._lock:
             first = self._database_down_since is None
             if first:

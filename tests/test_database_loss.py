@@ -328,3 +328,24 @@ def test_an_action_without_a_round_trip_does_not_count_as_the_database_coming_ba
     assert outcomes == [None, "no round trip", "no round trip", "no round trip"]
     assert (lost_during, back_during) == (1, 0), caplog.text
     assert caplog.text.count("reconnected after") == 1, caplog.text
+
+
+def test_async_handlers_get_a_working_connection_after_the_database_came_back(
+    workers: Workers,
+) -> None:
+    """The ORM calls of `async def` handlers run in `sync_to_async`'s own thread, which no
+    request cycle cleans up: its connection, broken by the outage, must not stay broken."""
+    worker = workers.start(ALIAS, "--concurrency", "2")
+    first = tasks.AsyncTask(n=1).enqueue(using=ALIAS)
+    wait_until(lambda: state_of(first.pk) == venturi.State.COMPLETED, timeout=30)
+    assert terminate(), "no backend of the worker to terminate"
+    second = tasks.AsyncTask(n=2).enqueue(using=ALIAS)
+    wait_until(
+        lambda: state_of(second.pk) != venturi.State.READY
+        and JournalEntry.objects.using(ALIAS).filter(job_id=second.pk).exists(),
+        timeout=30,
+        message="the second job's first run",
+    )
+    runs = JournalEntry.objects.using(ALIAS).filter(job_id=second.pk).order_by("id")
+    assert [(e.attempt, e.outcome, e.error_message) for e in runs][:1] == [(1, "completed", "")]
+    assert worker.poll() is None
