@@ -341,8 +341,10 @@ def test_async_handlers_get_a_working_connection_after_the_database_came_back(
     assert terminate(), "no backend of the worker to terminate"
     second = tasks.AsyncTask(n=2).enqueue(using=ALIAS)
     wait_until(
-        lambda: state_of(second.pk) != venturi.State.READY
-        and JournalEntry.objects.using(ALIAS).filter(job_id=second.pk).exists(),
+        lambda: (
+            state_of(second.pk) != venturi.State.READY
+            and JournalEntry.objects.using(ALIAS).filter(job_id=second.pk).exists()
+        ),
         timeout=30,
         message="the second job's first run",
     )
