@@ -15,132 +15,132 @@ from typing import Any
 from django.db import models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.operations import AddConstraint, AddIndex, RemoveIndex
-from django.db.migrations.state import StateApps
+from django.db.migrations.operations.base import Operation
 
 
 def _on_postgresql(schema_editor: BaseDatabaseSchemaEditor) -> bool:
     return bool(schema_editor.connection.vendor == "postgresql")
 
 
-class AddIndexConcurrently(AddIndex):
+class _Concurrently(Operation):
+    """What the three operations share: off PostgreSQL, the plain operation; on it, the
+    index is created (from the state that has it) or dropped, concurrently.
+
+    `creates_forwards` says which way creates: an addition creates going forwards
+    and drops going backwards, a removal the other way round.
+    """
+
+    atomic = False
+    creates_forwards: bool
+    model_name: str
+
+    def database_forwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: Any,
+        to_state: Any,
+    ) -> None:
+        if _on_postgresql(schema_editor):
+            create = self.creates_forwards
+            self._concurrently(app_label, schema_editor, from_state, to_state, create)
+        else:
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: Any,
+        to_state: Any,
+    ) -> None:
+        if _on_postgresql(schema_editor):
+            create = not self.creates_forwards
+            self._concurrently(app_label, schema_editor, from_state, to_state, create)
+        else:
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+
+    def _concurrently(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: Any,
+        to_state: Any,
+        create: bool,
+    ) -> None:
+        # The index exists in the state being migrated to when creating, from when dropping.
+        state = to_state if create else from_state
+        model = state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        if create:
+            schema_editor.execute(self._create_sql(model, schema_editor))
+        else:
+            _drop_index_concurrently(schema_editor, self._index_name())
+
+    def _create_sql(
+        self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor
+    ) -> str:
+        raise NotImplementedError
+
+    def _index_name(self) -> str:
+        raise NotImplementedError
+
+
+class AddIndexConcurrently(_Concurrently, AddIndex):
     """`AddIndex`, built with `CONCURRENTLY` on PostgreSQL."""
 
-    atomic = False
+    creates_forwards = True
 
-    def database_forwards(
-        self,
-        app_label: str,
-        schema_editor: BaseDatabaseSchemaEditor,
-        from_state: Any,
-        to_state: Any,
-    ) -> None:
-        if not _on_postgresql(schema_editor):
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.execute(
-                str(self.index.create_sql(model, schema_editor, concurrently=True))
-            )
+    def _create_sql(
+        self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor
+    ) -> str:
+        return str(self.index.create_sql(model, schema_editor, concurrently=True))
 
-    def database_backwards(
-        self,
-        app_label: str,
-        schema_editor: BaseDatabaseSchemaEditor,
-        from_state: Any,
-        to_state: Any,
-    ) -> None:
-        if not _on_postgresql(schema_editor):
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            _drop_index_concurrently(schema_editor, self.index.name)
+    def _index_name(self) -> str:
+        return str(self.index.name)
 
 
-class RemoveIndexConcurrently(RemoveIndex):
+class RemoveIndexConcurrently(_Concurrently, RemoveIndex):
     """`RemoveIndex`, dropped with `CONCURRENTLY` on PostgreSQL."""
 
-    atomic = False
+    creates_forwards = False
 
-    def database_forwards(
-        self,
-        app_label: str,
-        schema_editor: BaseDatabaseSchemaEditor,
-        from_state: Any,
-        to_state: Any,
-    ) -> None:
-        if not _on_postgresql(schema_editor):
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            _drop_index_concurrently(schema_editor, self.name)
+    def _create_sql(
+        self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor
+    ) -> str:
+        index = _index_named(model, self.name)
+        return str(index.create_sql(model, schema_editor, concurrently=True))
 
-    def database_backwards(
-        self,
-        app_label: str,
-        schema_editor: BaseDatabaseSchemaEditor,
-        from_state: Any,
-        to_state: Any,
-    ) -> None:
-        if not _on_postgresql(schema_editor):
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            index = _index_named(to_state.apps, app_label, self.model_name, self.name)
-            schema_editor.execute(str(index.create_sql(model, schema_editor, concurrently=True)))
+    def _index_name(self) -> str:
+        return str(self.name)
 
 
-class AddUniqueIndexConcurrently(AddConstraint):
+class AddUniqueIndexConcurrently(_Concurrently, AddConstraint):
     """`AddConstraint` for a partial `UniqueConstraint` (a unique index), built concurrently
     on PostgreSQL."""
 
-    atomic = False
+    creates_forwards = True
 
-    def database_forwards(
-        self,
-        app_label: str,
-        schema_editor: BaseDatabaseSchemaEditor,
-        from_state: Any,
-        to_state: Any,
-    ) -> None:
-        if not _on_postgresql(schema_editor):
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
+    def _create_sql(
+        self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor
+    ) -> str:
         sql = str(self.constraint.create_sql(model, schema_editor))
         if not sql.startswith("CREATE UNIQUE INDEX "):
             raise ValueError(f"{self.constraint.name} is not built as an index: {sql}")
-        concurrent = sql.replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX CONCURRENTLY ", 1)
-        schema_editor.execute(concurrent)
+        return sql.replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX CONCURRENTLY ", 1)
 
-    def database_backwards(
-        self,
-        app_label: str,
-        schema_editor: BaseDatabaseSchemaEditor,
-        from_state: Any,
-        to_state: Any,
-    ) -> None:
-        if not _on_postgresql(schema_editor):
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            _drop_index_concurrently(schema_editor, self.constraint.name)
+    def _index_name(self) -> str:
+        return str(self.constraint.name)
 
 
 def _drop_index_concurrently(schema_editor: BaseDatabaseSchemaEditor, name: str) -> None:
     schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
 
 
-def _index_named(apps: StateApps, app_label: str, model_name: str, name: str) -> models.Index:
-    model = apps.get_model(app_label, model_name)
+def _index_named(model: type[models.Model], name: str) -> models.Index:
     indexes: list[models.Index] = list(model._meta.indexes)
     for index in indexes:
         if index.name == name:
             return index
-    raise LookupError(f"no index {name} on {app_label}.{model_name}")
+    raise LookupError(f"no index {name} on {model._meta.label}")
