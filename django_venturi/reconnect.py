@@ -10,6 +10,7 @@ database restart would stay broken in such a thread, failing every run there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
@@ -33,6 +34,19 @@ def close_broken_connections() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.connection is not None and not connection.is_usable():
             connection.close()
+
+
+def reachable(alias: str) -> bool:
+    """Whether this thread reaches the database (connecting, then a round trip); if not,
+    its connection is closed so that the next try reconnects."""
+    connection = connections[alias]
+    with contextlib.suppress(*DATABASE_ERRORS):
+        connection.ensure_connection()
+        if connection.is_usable():
+            return True
+    with contextlib.suppress(*DATABASE_ERRORS):
+        connection.close()
+    return False
 
 
 def closing_broken_on_error(function: Callable[P, R]) -> Callable[P, R]:

@@ -13,10 +13,10 @@ import logging
 import threading
 from datetime import timedelta
 
-from django import db
 from django.db import connections
 
 from django_venturi.conf import venturi_settings
+from django_venturi.reconnect import DATABASE_ERRORS, close_broken_connections
 from django_venturi.retention import CleanupResult, cleanup
 
 logger = logging.getLogger("django_venturi.retention")
@@ -91,8 +91,8 @@ class Sweeper:
         while not self.stop.wait(wait.total_seconds()):
             try:
                 sweep(self.alias)
-            except (db.OperationalError, db.InterfaceError) as error:
+            except DATABASE_ERRORS as error:
                 logger.warning("retention sweep failed: %s; next turn in %s", error, self.interval)
-                db.close_old_connections()
+                close_broken_connections()
             wait = self.interval
         connections.close_all()

@@ -15,7 +15,6 @@ The management command `venturi_worker` only parses flags and builds a `Worker`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -59,7 +58,7 @@ from django_venturi.conf import as_timedelta, venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.listener import Listener
 from django_venturi.periodic import Scheduler
-from django_venturi.reconnect import DATABASE_ERRORS, close_broken_connections
+from django_venturi.reconnect import DATABASE_ERRORS, close_broken_connections, reachable
 from django_venturi.registry import registry
 from django_venturi.scheduling import TierClock
 from django_venturi.states import JournalOutcome
@@ -807,7 +806,7 @@ class Worker:
         with self._lock:
             if self._database_down_since is None:
                 return
-        if not self._database_reachable():
+        if not reachable(self.database):
             return
         with self._lock:
             since, self._database_down_since = self._database_down_since, None
@@ -818,19 +817,6 @@ class Worker:
                 time.monotonic() - since,
                 extra={"worker": self.name},
             )
-
-    def _database_reachable(self) -> bool:
-        """Whether this thread can reach the worker's database (a round trip, if need be)."""
-        connection = connections[self.database]
-        try:
-            connection.ensure_connection()
-            if connection.is_usable():
-                return True
-        except DATABASE_ERRORS:
-            pass
-        with contextlib.suppress(*DATABASE_ERRORS):
-            connection.close()
-        return False
 
     def _reconnect_delay(self) -> float:
         with self._lock:
