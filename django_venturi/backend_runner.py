@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -30,9 +30,21 @@ from django_venturi.verdicts import ErrorInfo, Verdict
 
 if TYPE_CHECKING:
     from django_venturi.backend import VenturiBackend
-    from django_venturi.execution import Execution
 
 logger = logging.getLogger("django_venturi.worker")
+
+
+class Execution(Protocol):
+    """What running a Tasks job needs of the worker's run (`execution.Execution`)."""
+
+    @property
+    def job(self) -> ClaimedJob: ...
+
+    @property
+    def worker(self) -> str: ...
+
+    @property
+    def database(self) -> str: ...
 
 
 def claimable_prefix() -> str | None:

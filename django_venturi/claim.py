@@ -31,6 +31,10 @@ CAPS_LOCK_KEY = 0x76656E7475726901
 """The advisory lock that serialises claims of capped kinds (per database)."""
 
 
+RunKey = tuple[int, uuid.UUID]
+"""One run of a job: the job's id and the token of the claim that started it."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClaimedJob:
     """A job this worker now holds, as the claim returned it."""
@@ -49,6 +53,11 @@ class ClaimedJob:
     """Database time of this claim."""
     claim_token: uuid.UUID
     lease: timedelta
+
+    @property
+    def run_key(self) -> RunKey:
+        """This run's identity: a job claimed twice by one worker has two runs."""
+        return (self.id, self.claim_token)
 
     @classmethod
     def from_row(

@@ -134,7 +134,8 @@ def test_a_verdict_from_a_stale_claim_is_discarded(alias: str) -> None:
     (fresh,) = claim(alias, request(worker="w2"), TierClock((6, 3, 1)))
     assert fresh.id == stale.id and fresh.claim_token != stale.claim_token
     assert completion.write_verdicts(alias, "w1", [verdicts.completed(stale)]) == set()
-    assert leases.extend(alias, [stale]) == set()
+    assert not leases.extend(alias, [stale]).held(stale.run_key)
+    assert leases.extend(alias, [fresh]).extended == {fresh.run_key}
     job = Job.objects.using(alias).get(pk=stale.id)
     assert job.state == venturi.State.RUNNING and job.claim_token == fresh.claim_token
     outcomes = list(job.journal.using(alias).values_list("outcome", "worker"))

@@ -1,0 +1,195 @@
+"""The claim loop: claims due jobs into free handler slots, recovers expired leases,
+and runs the periodic scheduler. It runs in the worker's main thread.
+
+Each step goes through `DatabaseHealth.guarded`: a lost database, a deadlock,
+a refused statement or a bug in one step is logged, and the loop goes on after
+a short delay. The loop ends when the worker is asked to stop, when a burst
+worker finds nothing more to do, or when the supervisor saw a service die.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from django_venturi import leases
+from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim, seconds_until_next_due
+from django_venturi.conf import venturi_settings
+from django_venturi.execution import Execution
+from django_venturi.handlers import Handlers
+from django_venturi.periodic import Scheduler
+from django_venturi.registry import registry
+from django_venturi.runs import Runs
+from django_venturi.scheduling import TierClock
+from django_venturi.supervision import DatabaseHealth
+
+PREFETCH_FACTOR = 2
+"""A worker holds up to this many times `concurrency` jobs: the rest wait in a local
+buffer, so handler threads never wait for a claim round trip."""
+BUFFER_HORIZON = 0.05
+"""Short jobs are claimed further ahead: up to `batch_size` more, as long as the
+buffered jobs wait no more than about this many seconds for a handler slot
+(judged by the recent mean handler duration). Fewer, larger claims per job."""
+UNWRITTEN_ALLOWANCE = 500
+"""Verdicts waiting to be written beyond this many hold claims back."""
+
+
+class Claimer:
+    """The claim loop of one worker."""
+
+    def __init__(
+        self,
+        *,
+        worker: str,
+        alias: str,
+        queues: Sequence[str] | None,
+        batch_size: int,
+        poll_interval: float,
+        burst: bool,
+        kind_concurrency: dict[str, int],
+        tasks_kind_prefix: str | None,
+        runs: Runs,
+        handlers: Handlers,
+        health: DatabaseHealth,
+        stop: threading.Event,
+        wake: threading.Event,
+        make_execution: Callable[[ClaimedJob, float], Execution],
+        service_died: Callable[[], bool],
+    ) -> None:
+        self.worker = worker
+        self.alias = alias
+        self.queues = queues
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.burst = burst
+        self.kind_concurrency = kind_concurrency
+        self.tasks_kind_prefix = tasks_kind_prefix
+        self.runs = runs
+        self.handlers = handlers
+        self.health = health
+        self._stop = stop
+        self._wake = wake
+        self._make_execution = make_execution
+        self._service_died = service_died
+        self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
+        self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
+        self._failures = [0]
+
+    def _guarded(self, action: Callable[[], object], what: str) -> object | None:
+        result = self.health.guarded(action, what=what, failures=self._failures)
+        if result is None and self._failures[0]:
+            self._stop.wait(self.health.delay(self._failures[0]))
+        return result
+
+    def loop(self) -> None:
+        next_rescue = 0.0
+        scheduler = None if self.burst else Scheduler(self.alias)
+        next_periodic = 0.0 if scheduler is not None else float("inf")
+        while not self._stop.is_set() and not self._service_died():
+            self._wake.clear()
+            if time.monotonic() >= next_rescue:
+                self._guarded(
+                    lambda: leases.recover_expired(self.alias, self.worker),
+                    "recovering expired leases",
+                )
+                next_rescue = time.monotonic() + self.rescue_interval
+            if scheduler is not None and time.monotonic() >= next_periodic:
+                self._guarded(scheduler.run_pass, "the periodic scheduler")
+                next_periodic = time.monotonic() + scheduler.interval
+            capacity = self._capacity()
+            free = self._free(capacity)
+            # Claim in batches of at least `concurrency` (at least half the local
+            # buffer), not one claim per finished job.
+            threshold = max(self.handlers.concurrency, capacity // 2)
+            claimed = self._claim(free) if free >= threshold else None
+            if claimed and len(claimed) < free:
+                continue  # slots left: claim again at once (a capped kind may have held back)
+            if self.burst and not claimed and self.runs.idle():
+                if self._confirm_nothing_due():
+                    return
+                continue
+            # Nothing due: sleep until the next poll or scheduled job. Otherwise all
+            # slots are busy, and a finishing job wakes the loop.
+            wait = self._idle_wait() if claimed == [] else self.poll_interval
+            # Never sleep past the next recovery sweep or scheduler pass.
+            next_chore = min(next_rescue, next_periodic)
+            self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
+
+    # ------------------------------------------------------------ claiming
+
+    def _claim(self, free: int) -> list[ClaimedJob] | None:
+        def claim_and_dispatch() -> list[ClaimedJob]:
+            jobs = claim(self.alias, self._request(free), self._clock)
+            claimed = time.monotonic()
+            for job in jobs:
+                self.handlers.dispatch(self._make_execution(job, claimed))
+            return jobs
+
+        result = self._guarded(claim_and_dispatch, "claiming jobs")
+        return None if result is None else list(result)  # type: ignore[call-overload]
+
+    def _request(self, free: int) -> ClaimRequest:
+        kinds = registry.kinds()
+        return ClaimRequest(
+            worker=self.worker,
+            limit=min(free, self.batch_size),
+            kinds=kinds,
+            leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in kinds],
+            queues=self.queues,
+            limits=self._kind_limits(kinds),
+            kind_prefix=self.tasks_kind_prefix,
+            prefix_lease=venturi_settings.DEFAULT_LEASE,
+        )
+
+    def _kind_limits(self, kinds: Sequence[str]) -> list[KindLimit]:
+        held = self.runs.held_kinds()
+        limits = []
+        for kind in kinds:
+            global_cap = registry.get(kind).concurrency
+            local_cap = self.kind_concurrency.get(kind)
+            if global_cap is not None or local_cap is not None:
+                local_room = None if local_cap is None else local_cap - held[kind]
+                limits.append(KindLimit(kind, global_cap=global_cap, local_room=local_room))
+        return limits
+
+    def _idle_wait(self) -> float:
+        """Sleep until the next poll, or until a job scheduled sooner than that is due."""
+        until_due = self.health.guarded(
+            lambda: seconds_until_next_due(self.alias, self._request(1)),
+            what="looking for the next due job",
+            failures=[0],
+        )
+        if until_due is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(until_due, 0.005))
+
+    def _capacity(self) -> int:
+        """Jobs held at once: a handler slot each, plus those buffered, claimed ahead.
+
+        At least as many buffered as slots; for short jobs up to `batch_size`, so
+        long as the buffer holds no more than BUFFER_HORIZON seconds of work.
+        """
+        slots = self.handlers.slots()
+        ahead = slots * (PREFETCH_FACTOR - 1)
+        mean = self.handlers.mean_duration
+        if mean is not None:
+            within_horizon = int(slots * BUFFER_HORIZON / max(mean, 1e-6))
+            ahead = max(ahead, min(self.batch_size, within_horizon))
+        return slots + ahead
+
+    def _free(self, capacity: int) -> int:
+        """Room to claim into: the buffer's, less what the results writer has fallen behind by.
+
+        Verdicts waiting to be written beyond UNWRITTEN_ALLOWANCE hold claims
+        back, so a slow database never lets held jobs (and memory) pile up.
+        """
+        busy = self.runs.busy()
+        unwritten = self.runs.unwritten()
+        return capacity - busy - max(0, unwritten - UNWRITTEN_ALLOWANCE)
+
+    def _confirm_nothing_due(self) -> bool:
+        """In burst mode: after the last verdicts are written, is anything due?"""
+        free = self._capacity() - self.runs.busy()
+        claimed = self._claim(free)
+        return claimed is not None and not claimed and self.runs.idle()

@@ -1,0 +1,322 @@
+"""Running handlers: a pool of threads for sync handlers, one event loop for async ones.
+
+Each claimed run is dispatched here and gets exactly one verdict, whatever
+happens around its handler: the handler boundary (`Execution.run_sync` and
+`run_async`) turns whatever the handler does into a verdict, and a second
+boundary here turns a failure of the worker's own code around it (a signal,
+a broken connection being closed) into a retryable failure of the run, so no
+thread dies and no run is left held but never run.
+
+A sync handler past its timeout and grace is abandoned (`timeouts.Watchdog`):
+the run ends `timeout`, a replacement thread takes the slot (up to
+`concurrency` lost threads at once), and the late result is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from datetime import timedelta
+
+from asgiref.sync import sync_to_async
+from django import db
+
+from django_venturi import signals, verdicts
+from django_venturi.conf import venturi_settings
+from django_venturi.execution import Execution
+from django_venturi.reconnect import close_broken_connections
+from django_venturi.registry import UnknownKind, registry
+from django_venturi.results import ResultsWriter
+from django_venturi.run_events import RunEvents
+from django_venturi.runs import Runs
+from django_venturi.states import JournalOutcome
+from django_venturi.verdicts import ErrorInfo, Verdict
+
+logger = logging.getLogger("django_venturi.worker")
+
+
+class Handlers:
+    """The handler slots of a worker, and the verdicts of the runs they take."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int,
+        runs: Runs,
+        results: ResultsWriter,
+        events: RunEvents,
+        wake: Callable[[], None],
+    ) -> None:
+        self.concurrency = concurrency
+        self.runs = runs
+        self.results = results
+        self.events = events
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._work: deque[Execution | None] = deque()
+        self._work_ready = threading.Condition(self._lock)
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lost_threads = 0
+        """Handler threads abandoned past their timeout that have not returned yet."""
+        self._unreplaced = 0
+        """Of those, how many no replacement thread took over (each is a slot less)."""
+        self._mean_duration: float | None = None
+        self.async_connections_checked = True
+        """False after a lost database or a failed async run, until `sync_to_async`'s
+        thread has closed its broken connections."""
+
+    # ------------------------------------------------------------ the pool
+
+    def start(self) -> None:
+        for _ in range(self.concurrency):
+            self._add_thread()
+
+    def stop(self) -> None:
+        """End the idle threads (busy ones end when their handler returns)."""
+        with self._work_ready:
+            self._work.extend([None] * len(self._threads))
+            self._work_ready.notify_all()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def slots(self) -> int:
+        """Handler slots that can run a job now (less threads lost to timeouts)."""
+        with self._lock:
+            return self.concurrency - self._unreplaced
+
+    @property
+    def mean_duration(self) -> float | None:
+        """Moving average of handler durations, in seconds (sizes the local buffer)."""
+        return self._mean_duration
+
+    def dispatch(self, execution: Execution) -> None:
+        self.runs.add(execution)
+        if execution.is_async:
+            future = asyncio.run_coroutine_threadsafe(
+                self._run_async(execution), self._event_loop()
+            )
+            future.add_done_callback(self._async_done)
+        else:
+            with self._work_ready:
+                self._work.append(execution)
+                self._work_ready.notify()
+
+    def _add_thread(self) -> None:
+        thread = threading.Thread(
+            target=self._thread_main, name=f"venturi-handler-{len(self._threads)}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _next(self) -> Execution | None:
+        with self._work_ready:
+            while not self._work:
+                self._work_ready.wait()
+            return self._work.popleft()
+
+    def _thread_main(self) -> None:
+        while True:
+            execution = self._next()
+            if execution is None:
+                break
+            try:
+                self._run_sync(execution)
+            except BaseException as error:
+                self._failed_around(execution, error)
+            if execution.abandoned and execution.replaced:
+                break  # a replacement thread holds this slot now
+        db.connections.close_all()
+
+    def _run_sync(self, execution: Execution) -> None:
+        if not self.runs.start(execution):
+            return  # released meanwhile
+        self._started(execution)
+        db.close_old_connections()
+        try:
+            verdict = execution.run_sync()
+        finally:
+            db.close_old_connections()
+        self.finish(execution, verdict)
+
+    # ------------------------------------------------------------ async handlers
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="venturi-async", daemon=True
+                )
+                thread.start()
+                self._loop = loop
+            return self._loop
+
+    async def _run_async(self, execution: Execution) -> None:
+        try:
+            if not self.runs.start(execution):
+                return
+            await self._check_async_connections()
+            self._started(execution)
+            verdict = await execution.run_async()
+            if verdict.error.type:
+                self.async_connections_checked = False  # a broken connection fails a run
+            self.finish(execution, verdict)
+        except BaseException as error:
+            self._failed_around(execution, error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+
+    def _async_done(self, future: Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            logger.error("an async run ended on an error", exc_info=future.exception())
+
+    async def _check_async_connections(self) -> None:
+        """After a lost database or a failed async run: mend the connections of
+        `sync_to_async`'s thread, where async handlers' ORM calls run."""
+        if self.async_connections_checked:
+            return
+        self.async_connections_checked = True
+        await sync_to_async(close_broken_connections, thread_sensitive=True)()
+
+    # ------------------------------------------------------------ verdicts
+
+    def _started(self, execution: Execution) -> None:
+        execution.mark_started()
+        job = execution.job
+        self.events.send(
+            signals.job_started,
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            worker=self.events.worker,
+        )
+
+    def finish(self, execution: Execution, verdict: Verdict) -> None:
+        """A run's handler returned: queue its verdict, unless the run was ended already."""
+        if execution.abandoned:
+            self._late_result(execution, verdict)
+            return
+        dirty, last_progress = execution.take_progress()
+        if dirty:
+            verdict = dataclasses.replace(verdict, set_progress=True, progress=last_progress)
+        if execution.started is not None:
+            verdict = dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
+            self._observe_duration(verdict.duration)
+        if not self.runs.end(execution):
+            self._dropped(execution, verdict)
+            return
+        self.results.submit(verdict)
+        self.events.verdict(verdict)
+        self._wake()
+
+    def _failed_around(self, execution: Execution, error: BaseException) -> None:
+        """The worker's own code around a handler failed: a retryable failure of the run."""
+        logger.error(
+            "job %d: the worker failed around its handler: %s",
+            execution.job.id,
+            error,
+            exc_info=error,
+            extra=self.events.log_extra(execution.job, JournalOutcome.RETRY),
+        )
+        if not self.runs.end(execution):
+            return  # its verdict was decided already
+        try:
+            spec = registry.get(execution.job.kind)
+        except UnknownKind:
+            spec = None
+        verdict = verdicts.retry(execution.job, spec, ErrorInfo.from_exception(error))
+        self.results.submit(verdict)
+        self.events.verdict(verdict)
+        self._wake()
+
+    def _dropped(self, execution: Execution, verdict: Verdict) -> None:
+        logger.warning(
+            "job %d: its handler returned %s after the run was released; result discarded",
+            execution.job.id,
+            verdict.outcome,
+            extra=self.events.log_extra(execution.job, JournalOutcome.DISCARDED),
+        )
+
+    def _observe_duration(self, seconds: float | None) -> None:
+        if seconds is not None:
+            mean = self._mean_duration
+            self._mean_duration = seconds if mean is None else 0.9 * mean + 0.1 * seconds
+
+    def release(self, executions: list[Execution], *, reason: str) -> None:
+        """Hand runs back to the queue, not as failures (their handlers, if any, see
+        `should_stop`; their late results are dropped)."""
+        for execution in executions:
+            execution.lease_lost.set()
+            if reason:
+                logger.warning(
+                    "job %d %s: released",
+                    execution.job.id,
+                    reason,
+                    extra=self.events.log_extra(execution.job, JournalOutcome.RELEASED),
+                )
+            self.results.submit(verdicts.released(execution.job))
+
+    # ------------------------------------------------------------ timeouts
+
+    def abandon(self, execution: Execution) -> None:
+        """A sync handler is past its timeout and grace: end the run, reclaim the slot."""
+        if not self.runs.end(execution):
+            return  # it returned meanwhile
+        with self._lock:
+            execution.abandoned = True
+            execution.lease_lost.set()
+            self._lost_threads += 1
+            execution.replaced = self._lost_threads <= self.concurrency
+            if not execution.replaced:
+                self._unreplaced += 1
+            lost = self._lost_threads
+        spec = registry.get(execution.job.kind)
+        verdict = execution.timeout_verdict(spec, grace=f" and its grace of {_grace()}")
+        if execution.started is not None:
+            verdict = dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
+        self.results.submit(verdict)
+        self.events.verdict(verdict)
+        if execution.replaced:
+            self._add_thread()
+            logger.warning(
+                "job %d: handler thread abandoned past its timeout; a replacement took its "
+                "slot (%d lost threads still running)",
+                execution.job.id,
+                lost,
+                extra=self.events.log_extra(execution.job, JournalOutcome.TIMEOUT),
+            )
+        else:
+            logger.error(
+                "job %d: handler thread abandoned past its timeout; %d lost threads already, "
+                "so no replacement: this worker runs with one slot less until it returns",
+                execution.job.id,
+                lost,
+                extra=self.events.log_extra(execution.job, JournalOutcome.TIMEOUT),
+            )
+        self._wake()
+
+    def _late_result(self, execution: Execution, verdict: Verdict) -> None:
+        """An abandoned handler returned at last: drop its result, give its slot back."""
+        with self._lock:
+            self._lost_threads -= 1
+            if not execution.replaced:
+                self._unreplaced -= 1
+        logger.warning(
+            "job %d: the abandoned handler returned %s late; result discarded",
+            execution.job.id,
+            verdict.outcome,
+            extra=self.events.log_extra(execution.job, JournalOutcome.DISCARDED),
+        )
+        self._wake()
+
+
+def _grace() -> timedelta:
+    return venturi_settings.TIMEOUT_GRACE
