@@ -27,6 +27,7 @@ from django import db
 
 from django_venturi import progress, signals
 from django_venturi import verdicts as verdicts_module
+from django_venturi.claim import RunKey
 from django_venturi.completion import write_verdicts
 from django_venturi.reconnect import DATABASE_ERRORS
 from django_venturi.run_events import RunEvents
@@ -74,6 +75,8 @@ class ResultsWriter(Service):
         self._pending: list[Verdict] = []
         self._closing = False
         self._failures = [0]
+        self._transient: dict[RunKey, int] = {}
+        """Runs whose lone write failed with a database error that may pass: how often."""
 
     # ------------------------------------------------------------ other threads
 
@@ -164,31 +167,42 @@ class ResultsWriter(Service):
         return not transient or self._failures[0] >= TRANSIENT_TRIES
 
     def _write_each(self, pending: list[Verdict]) -> bool:
-        """Isolate the verdicts the database refuses; False if it went away meanwhile."""
+        """Isolate the verdicts the database refuses; False if any must be tried again."""
         done: list[Verdict] = []
+        again: list[Verdict] = []
         applied: set[int] = set()
-        for verdict in pending:
+        for index, verdict in enumerate(pending):
             try:
                 applied |= self._write_alone(verdict)
-            except DATABASE_ERRORS as error:
-                if not self.health.is_down:
-                    self.health.failed(error, what="writing a result")
+            except DATABASE_ERRORS:
                 if self.health.is_down:
-                    self._written(done, applied)
-                    self._pending = pending[len(done) :]
-                    return False
+                    again.extend(pending[index:])
+                    break
+                again.append(verdict)  # transient (a lock, a deadlock): tried again soon
+                continue
             done.append(verdict)
-        self._failures[0] = 0
         self._written(done, applied)
-        return True
+        self._pending = again
+        if not again:
+            self._failures[0] = 0
+        return not again
 
     def _write_alone(self, verdict: Verdict) -> set[int]:
+        """Write one verdict; replace it by a failed run if the database refuses it.
+
+        Raises a database error that may pass (the database is away, a lock or
+        deadlock that has not yet recurred TRANSIENT_TRIES times for this run).
+        """
         try:
-            return write_verdicts(self.alias, self.events.worker, [verdict])
+            applied = write_verdicts(self.alias, self.events.worker, [verdict])
         except Exception as error:
-            if self._database_away(error):
+            if self._may_pass(verdict, error):
                 raise
             refused = error
+        else:
+            self._transient.pop(verdict.job.run_key, None)
+            return applied
+        self._transient.pop(verdict.job.run_key, None)
         replacement = unwritable(verdict, refused)
         logger.error(
             "job %d: the database refused the verdict of attempt %d (%s: %s); "
@@ -202,7 +216,7 @@ class ResultsWriter(Service):
         try:
             return write_verdicts(self.alias, self.events.worker, [replacement])
         except Exception as error:
-            if self._database_away(error):
+            if isinstance(error, DATABASE_ERRORS) and self._database_away(error):
                 raise
             logger.critical(
                 "job %d: the database refused even a failed run (%s: %s); its lease will "
@@ -214,11 +228,19 @@ class ResultsWriter(Service):
             )
             return set()
 
-    def _database_away(self, error: Exception) -> bool:
-        if isinstance(error, DATABASE_ERRORS):
-            self.health.failed(error, what="writing a result")
-        else:
+    def _may_pass(self, verdict: Verdict, error: Exception) -> bool:
+        """Whether a failed write is worth trying again rather than replacing the verdict."""
+        if not isinstance(error, DATABASE_ERRORS):
             db.close_old_connections()
+            return False
+        if self._database_away(error):
+            return True
+        key = verdict.job.run_key
+        self._transient[key] = self._transient.get(key, 0) + 1
+        return self._transient[key] < TRANSIENT_TRIES
+
+    def _database_away(self, error: Exception) -> bool:
+        self.health.failed(error, what="writing a result")
         return self.health.is_down
 
     def _written(self, written: Sequence[Verdict], applied: set[int]) -> None:

@@ -13,7 +13,7 @@ from django.db import connections
 from django_venturi.conf import venturi_settings
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, validate_name
-from django_venturi.worker import Worker
+from django_venturi.worker import Worker, WorkerFailed
 
 
 def positive_int(text: str) -> int:
@@ -126,6 +126,8 @@ class Command(BaseCommand):
         restore = worker.install_signal_handlers()
         try:
             worker.run()
+        except WorkerFailed as error:
+            raise CommandError(f"the worker stopped: {error}") from None
         finally:
             restore()
 
