@@ -64,7 +64,7 @@ def enqueue_many(instances: Any, **options: Any) -> list[Job]:
 
     jobs = _enqueue_many(instances, **options)
     if venturi_settings.TESTING_EAGER:
-        from django_venturi.testing import run_enqueued
+        from django_venturi.inline import run_enqueued
 
         run_enqueued(jobs)
     return jobs

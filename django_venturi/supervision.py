@@ -42,8 +42,8 @@ class DatabaseHealth:
         self.alias = alias
         self._lock = threading.Lock()
         self._down_since: float | None = None
-        self.on_lost: Callable[[], None] = lambda: None
-        """Called once per outage, when it is first seen."""
+        self.on_database_error: Callable[[], None] = lambda: None
+        """Called at every error that may have broken a connection (any thread's)."""
 
     @property
     def is_down(self) -> bool:
@@ -65,9 +65,11 @@ class DatabaseHealth:
 
     def failed(self, error: Exception, *, what: str, repeated: bool = False) -> None:
         """A step failed: a lost database, or an error the database (or a bug) raised."""
-        if isinstance(error, DATABASE_ERRORS) and not self._reaches_database():
-            self.lost(error)
-            return
+        if isinstance(error, DATABASE_ERRORS):
+            self.on_database_error()
+            if not self._reaches_database():
+                self.lost(error)
+                return
         db.close_old_connections()
         level = logging.WARNING if isinstance(error, DATABASE_ERRORS) else logging.ERROR
         logger.log(
@@ -96,7 +98,6 @@ class DatabaseHealth:
             if first:
                 self._down_since = time.monotonic()
         if first:
-            self.on_lost()
             logger.error(
                 "worker %s lost the database (%s); retrying until it is back",
                 self.worker,

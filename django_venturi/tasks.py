@@ -53,7 +53,7 @@ class Task:
             self, delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
         )
         if venturi_settings.TESTING_EAGER:
-            from django_venturi.testing import run_enqueued
+            from django_venturi.inline import run_enqueued
 
             run_enqueued([job])
         return job

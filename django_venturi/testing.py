@@ -23,38 +23,17 @@ import time: pytest may load this module before Django is set up.
 from __future__ import annotations
 
 import dataclasses
-import threading
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from django_venturi.claim import ClaimedJob
-    from django_venturi.models import Job
-    from django_venturi.states import JournalOutcome, State
-    from django_venturi.verdicts import Verdict
+from django_venturi.inline import INLINE_WORKER, Ran, execute
 
 T = TypeVar("T")
 
-TESTING_WORKER = "testing"
+TESTING_WORKER = INLINE_WORKER
 """The worker name the journal shows for jobs run by these helpers."""
 DRAIN_LIMIT = 1000
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ran:
-    """One run of one job by `drain()` or `eager()`."""
-
-    job_id: int
-    kind: str
-    attempt: int
-    outcome: JournalOutcome
-    """What the journal says of this run."""
-    state: State
-    """The job's state after the run."""
-    error: str = ""
-    """`type: message` of the run's error, if any."""
 
 
 class DrainLimitReached(RuntimeError):
@@ -73,13 +52,6 @@ def eager(enabled: bool = True) -> Iterator[None]:
     current = dict(getattr(settings, "VENTURI", {}))
     with override_settings(VENTURI={**current, "TESTING_EAGER": enabled}):
         yield
-
-
-def run_enqueued(jobs: Sequence[Job]) -> None:
-    """Eager mode: run freshly enqueued jobs now, whatever their `run_at` (enqueue calls this)."""
-    for job in jobs:
-        _run_one(job._state.db or _alias(None), job.id)
-        job.refresh_from_db(using=job._state.db)
 
 
 # ------------------------------------------------------------ draining
@@ -109,7 +81,7 @@ def drain(
     ran: list[Ran] = []
     while True:
         request = ClaimRequest(
-            worker=TESTING_WORKER,
+            worker=INLINE_WORKER,
             limit=min(100, limit - len(ran) + 1),
             kinds=wanted,
             leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in wanted],
@@ -124,7 +96,7 @@ def drain(
                     f"drain() ran {limit} jobs and more are due; a job that requeues itself "
                     "with no delay runs until it gives up (raise `limit` if that is expected)"
                 )
-            ran.append(_execute(alias, job))
+            ran.append(execute(alias, job))
 
 
 # ------------------------------------------------------------ what was enqueued
@@ -215,89 +187,6 @@ else:
     def venturi_queue(db: None) -> VenturiQueue:
         """The queue helpers for one test, in pytest-django's `db` transaction."""
         return VenturiQueue()
-
-
-# ------------------------------------------------------------ running one job
-
-
-def _run_one(alias: str, job_id: int) -> Ran | None:
-    """Claim one given ready job (due or not) and run it; None if it is not ready."""
-    from django.db import transaction
-    from django.db.models import F
-
-    from django_venturi.claim import ClaimedJob
-    from django_venturi.clock import database_time
-    from django_venturi.conf import venturi_settings
-    from django_venturi.models import Job
-    from django_venturi.registry import UnknownKind, registry
-    from django_venturi.states import State
-
-    token = uuid.uuid4()
-    with transaction.atomic(using=alias):
-        now = database_time(alias)
-        row = Job.objects.using(alias).select_for_update().filter(id=job_id).first()
-        if row is None or row.state != State.READY:
-            return None
-        try:
-            lease = registry.get(row.kind).lease or venturi_settings.DEFAULT_LEASE
-        except UnknownKind:
-            lease = venturi_settings.DEFAULT_LEASE
-        Job.objects.using(alias).filter(id=job_id).update(
-            state=State.RUNNING,
-            attempt=F("attempt") + 1,
-            started_at=now,
-            claim_token=token,
-            claimed_by=TESTING_WORKER,
-            lease_expires_at=now + lease,
-        )
-        row.refresh_from_db(using=alias)
-    job = ClaimedJob.from_row(
-        row, attempt=row.attempt, started_at=now, claim_token=token, lease=lease
-    )
-    return _execute(alias, job)
-
-
-def _execute(alias: str, job: ClaimedJob) -> Ran:
-    """Run a claimed job's handler here, then write its verdict as a worker would."""
-    from asgiref.sync import async_to_sync
-
-    from django_venturi.completion import write_verdicts
-    from django_venturi.execution import Execution
-    from django_venturi.models import Job, JournalEntry
-    from django_venturi.registry import UnknownKind, registry
-
-    execution = Execution(job, database=alias, stop=threading.Event(), heartbeat=lambda _: True)
-    try:
-        is_async = registry.get(job.kind).is_async
-    except UnknownKind:
-        is_async = False
-    verdict: Verdict = async_to_sync(execution.run_async)() if is_async else execution.run_sync()
-    dirty, progress = execution.take_progress()
-    if dirty:
-        verdict = dataclasses.replace(verdict, set_progress=True, progress=progress)
-    write_verdicts(alias, TESTING_WORKER, [verdict])
-    entry = JournalEntry.objects.using(alias).filter(job_id=job.id).order_by("-id").first()
-    state = Job.objects.using(alias).values_list("state", flat=True).get(id=job.id)
-    return Ran(
-        job_id=job.id,
-        kind=job.kind,
-        attempt=job.attempt,
-        outcome=_journal_outcome(entry.outcome if entry else verdict.outcome),
-        state=_state(state),
-        error=verdict.error.summary() if verdict.error.type else "",
-    )
-
-
-def _journal_outcome(value: str) -> JournalOutcome:
-    from django_venturi.states import JournalOutcome
-
-    return JournalOutcome(value)
-
-
-def _state(value: str) -> State:
-    from django_venturi.states import State
-
-    return State(value)
 
 
 def _alias(using: str | None) -> str:

@@ -115,7 +115,7 @@ class Worker:
             events=self.events,
             wake=self._wake.set,
         )
-        self.health.on_lost = self._on_database_lost
+        self.health.on_database_error = self._on_database_error
         self.heartbeat = Heartbeat(
             alias=self.database,
             worker=self.name,
@@ -287,7 +287,7 @@ class Worker:
             self.database, name=self.name, queues=self.queues, concurrency=self.concurrency
         )
 
-    def _on_database_lost(self) -> None:
+    def _on_database_error(self) -> None:
         self.handlers.async_connections_checked = False
 
     # ------------------------------------------------------------ shutting down
