@@ -56,7 +56,7 @@ class Listener:
         self._stopped.set()
         self._thread.join(timeout=WAIT_SLICE + 1)
 
-    def _deliver(self, channel: str, payload: str) -> None:
+    def _deliver(self, channel: str, payload: str | None) -> None:
         callback = self.channels.get(channel)
         if callback is None:
             return
@@ -79,15 +79,19 @@ class Listener:
                     if failures:
                         logger.warning("listener reconnected to %s", self.alias)
                     failures = 0
-                    for callback in self.channels.values():
-                        callback(None)
+                    for channel in self.channels:
+                        self._deliver(channel, None)
                     while not self._stopped.is_set():
                         for notify in connection.notifies(timeout=WAIT_SLICE):
                             self._deliver(notify.channel, notify.payload)
-            except psycopg.Error as error:
+            except Exception as error:  # any error: the worker polls meanwhile, never dies
                 self.connected.clear()
                 if failures == 0:
-                    logger.error("listener lost its connection (%s); polling meanwhile", error)
+                    logger.error(
+                        "listener lost its connection (%s); polling meanwhile",
+                        error,
+                        exc_info=not isinstance(error, psycopg.Error),
+                    )
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
                 failures += 1
                 self._stopped.wait(delay)

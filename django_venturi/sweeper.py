@@ -91,8 +91,13 @@ class Sweeper:
         while not self.stop.wait(wait.total_seconds()):
             try:
                 sweep(self.alias)
-            except DATABASE_ERRORS as error:
-                logger.warning("retention sweep failed: %s; next turn in %s", error, self.interval)
+            except Exception as error:  # any error: this turn is lost, the sweeper goes on
+                logger.warning(
+                    "retention sweep failed: %s; next turn in %s",
+                    error,
+                    self.interval,
+                    exc_info=not isinstance(error, DATABASE_ERRORS),
+                )
                 close_broken_connections()
             wait = self.interval
         connections.close_all()

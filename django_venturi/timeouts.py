@@ -16,6 +16,7 @@ event loop without awaiting cannot be cancelled.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from django_venturi.conf import venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.registry import UnknownKind, registry
+
+logger = logging.getLogger("django_venturi.worker")
 
 CHECK_INTERVAL = 0.1
 """Seconds between two looks at the running handlers."""
@@ -49,7 +52,10 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stopped.wait(CHECK_INTERVAL):
-            self.check(time.monotonic())
+            try:
+                self.check(time.monotonic())
+            except Exception:  # a failed look must not end the watching
+                logger.exception("the timeout watchdog's check failed; it goes on")
 
     def check(self, now: float) -> None:
         """Flag the runs past their timeout; abandon the sync ones past the grace too."""
