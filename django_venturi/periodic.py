@@ -31,6 +31,7 @@ from django.db import IntegrityError, connections, transaction
 
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
+from django_venturi.reconnect import DATABASE_ERRORS
 from django_venturi.registry import RegistrationError, UnknownKind, registry
 
 logger = logging.getLogger("django_venturi.periodic")
@@ -413,7 +414,8 @@ class Scheduler:
             return []
         now = now or database_time(self.alias)
         catch_up = venturi_settings.PERIODIC_CATCH_UP
-        created = []
+        created: list[int] = []
+        failed: list[Exception] = []
         for schedule in found:
             tick = schedule.latest_tick(now)
             if tick is None:
@@ -423,8 +425,8 @@ class Scheduler:
             instant = tick.astimezone(UTC)
             if self._handled.get(schedule.kind) == instant:
                 continue
-            self._handled[schedule.kind] = instant
             if catch_up is not None and now - instant > catch_up:
+                self._handled[schedule.kind] = instant
                 logger.info(
                     "periodic %s: tick %s missed by more than %s; skipped",
                     schedule.kind,
@@ -437,8 +439,24 @@ class Scheduler:
                 job_id = enqueue_tick(self.alias, schedule, instant)
             except (UnknownKind, TypeError, ValueError) as error:
                 # A bad schedule must not stop the worker: `manage.py check` names it.
+                self._handled[schedule.kind] = instant
                 logger.error("periodic %s (%s): %s", schedule.kind, schedule.origin, error)
                 continue
+            except Exception as error:
+                # The database refused the insert (a lock, a deadlock, a lost connection,
+                # a trigger): the tick stays unhandled, the next pass tries it again, and
+                # the other schedules go on.
+                logger.warning(
+                    "periodic %s: enqueueing tick %s failed (%s: %s); trying again next pass",
+                    schedule.kind,
+                    tick.isoformat(),
+                    type(error).__name__,
+                    error,
+                    extra={"kind": schedule.kind},
+                )
+                failed.append(error)
+                continue
+            self._handled[schedule.kind] = instant
             if job_id is not None:
                 created.append(job_id)
                 logger.info(
@@ -448,4 +466,6 @@ class Scheduler:
                     tick.isoformat(),
                     extra={"kind": schedule.kind, "job_id": job_id},
                 )
+        if failed and isinstance(failed[-1], DATABASE_ERRORS):
+            raise failed[-1]  # the caller learns of a lost database and waits it out
         return created
