@@ -100,6 +100,8 @@ class Cluster:
         self.ssl = ssl
         self.port = 0
         self.config_dir = CONFIG_ROOT / name
+        self.cert_file: Path | None = None
+        """With `ssl`: the server's certificate (self-signed: also its own root)."""
 
     # ------------------------------------------------------------ life cycle
 
@@ -139,6 +141,7 @@ class Cluster:
         cert, key = SNAKEOIL_CERT, SNAKEOIL_KEY
         if not (cert.exists() and key.exists()):
             cert, key = self._self_signed()
+        self.cert_file = cert
         return {"ssl": "on", "ssl_cert_file": f"'{cert}'", "ssl_key_file": f"'{key}'"}
 
     def _self_signed(self) -> tuple[Path, Path]:
@@ -168,6 +171,16 @@ class Cluster:
         key.chmod(0o600)
         return cert, key
 
+    def require_tls(self) -> None:
+        """Refuse TCP connections without TLS (pg_hba.conf: hostssl only), then reload."""
+        assert self.ssl, "a cluster made without ssl cannot require it"
+        (self.config_dir / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            "hostssl all all 127.0.0.1/32 trust\n"
+            "hostnossl all all 0.0.0.0/0 reject\n"
+        )
+        self._ctl("reload")
+
     def start(self) -> None:
         self._ctl("start")
 
@@ -181,7 +194,7 @@ class Cluster:
 
     def _ctl(self, action: str) -> None:
         run("pg_ctlcluster", "--mode=fast", VERSION, self.name, action)
-        if action != "stop":
+        if action in {"start", "restart"}:
             self.wait_ready()
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
