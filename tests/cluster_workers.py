@@ -135,6 +135,10 @@ class WorkerPool:
         self.slots[slot] = self._spawn()
         return process.pid
 
+    def started(self) -> bool:
+        """Whether every current process has started working (and handles SIGTERM)."""
+        return all(" starting: " in self.log(index) for index in self.slots)
+
     def exited(self) -> list[tuple[int, int | None]]:
         """(pid, exit code) of current processes that exited on their own."""
         return [(p.pid, p.returncode) for p in self.current() if p.poll() is not None]

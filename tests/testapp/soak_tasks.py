@@ -42,3 +42,82 @@ class Journalled(venturi.Task):
         )
         time.sleep(self.sleep)
         return venturi.Outcome.completed()
+
+
+# ---------------------------------------------------------------- the chaos soak (tests/soak.py)
+
+SOAK = {"lease": timedelta(seconds=3), "backoff": NO_WAIT, "max_attempts": 200}
+"""Workers are SIGKILLed every second or so: a job may lose many claims before it ends."""
+
+
+@venturi.task(kind="soak.steps", carry=int, **SOAK)
+@dataclasses.dataclass
+class Steps(venturi.Task):
+    """Pauses with its progress as carry until `steps` runs are done."""
+
+    path: str
+    steps: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        journal(ctx, self.path)
+        done = (ctx.carry or 0) + 1
+        time.sleep(0.01)
+        return venturi.Outcome.completed() if done >= self.steps else venturi.Outcome.paused(done)
+
+
+@venturi.task(kind="soak.flaky", **SOAK)
+@dataclasses.dataclass
+class Flaky(venturi.Task):
+    """Raises on its first `failures` attempts (retried at once), then completes."""
+
+    path: str
+    failures: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        journal(ctx, self.path)
+        if ctx.attempt <= self.failures:
+            raise RuntimeError(f"soak failure {ctx.attempt}")
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="soak.tally", **SOAK)
+@dataclasses.dataclass
+class Tally(venturi.Task):
+    """Keyed: an enqueue that meets a waiting job adds its `count` to it; one that meets a
+    running job queues a follow-up. Completed jobs' counts sum to the enqueues."""
+
+    path: str
+    key: str
+    count: int = 1
+
+    def dedup_key(self) -> str | None:
+        return f"soak:{self.key}"
+
+    def merge(self, existing: venturi.Existing[Tally]) -> venturi.Merge:
+        if existing.state == venturi.State.RUNNING:
+            return venturi.Merge.enqueue()
+        merged = dataclasses.replace(existing.payload, count=existing.payload.count + self.count)
+        return venturi.Merge.update(merged)
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        journal(ctx, self.path)
+        time.sleep(0.01)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="soak.slow", **SOAK)
+@dataclasses.dataclass
+class Slow(venturi.Task):
+    """Runs `seconds`, watching `should_stop` (a cancel request, a shutdown)."""
+
+    path: str
+    seconds: float
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        journal(ctx, self.path)
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:
+            if ctx.should_stop:
+                return venturi.Outcome.paused(None)
+            time.sleep(0.02)
+        return venturi.Outcome.completed()
