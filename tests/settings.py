@@ -70,6 +70,12 @@ DATABASES = {
 for alias, name in json.loads(os.environ.get("VENTURI_TEST_DATABASE_NAMES", "{}")).items():
     DATABASES[alias]["NAME"] = name
 
+# Worker subprocesses on a private cluster (tests/cluster_workers.py) get `default` from
+# DATABASE_URL, and may be given a separate connection to LISTEN on (LISTEN_DATABASE).
+LISTEN_URL = os.environ.get("VENTURI_TEST_LISTEN_URL")
+if LISTEN_URL:
+    DATABASES["listen"] = environ.Env.db_url_config(LISTEN_URL)
+
 # The documentation's examples (docs/examples/) run in tests/test_docs_examples.py, so
 # worker subprocesses must know their tasks; their kinds all start with "docs.".
 # Not docs.examples.periodic: its schedules would make every worker of the suite enqueue
@@ -110,6 +116,8 @@ VENTURI = {
 }
 # Worker subprocesses of a test can be given more settings (e.g. RETENTION) as JSON.
 VENTURI.update(json.loads(os.environ.get("VENTURI_TEST_SETTINGS", "{}")))
+if LISTEN_URL:
+    VENTURI["LISTEN_DATABASE"] = "listen"
 
 # Periodic schedules for the worker subprocesses of tests/test_periodic.py only.
 if os.environ.get("VENTURI_TEST_PERIODIC"):

@@ -1,0 +1,251 @@
+"""Private PostgreSQL clusters that a test may restart, stop or reconfigure.
+
+The suite's own PostgreSQL (DATABASE_URL) is shared with other runs and must
+never be restarted. A test that needs to take the server down makes a cluster
+of its own with Debian's postgresql-common tools (`pg_createcluster`,
+`pg_ctlcluster`, `pg_dropcluster`), which needs root, as CI runs:
+
+    with private_cluster("restart") as cluster:
+        url = cluster.url("venturi")
+        cluster.restart()
+
+A cluster's name carries the run's VENTURI_TEST_RUN, so two runs never share one,
+and a cluster of the same name left by a killed run is dropped first. Local
+connections are trusted (tests only); with `ssl=True` the server accepts TLS
+with Debian's snakeoil certificate, or a self-signed one made for the cluster
+when the machine has none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import psycopg
+
+VERSION = "15"
+PORTS = range(5440, 5500)
+SNAKEOIL_CERT = Path("/etc/ssl/certs/ssl-cert-snakeoil.pem")
+SNAKEOIL_KEY = Path("/etc/ssl/private/ssl-cert-snakeoil.key")
+CONFIG_ROOT = Path("/etc/postgresql") / VERSION
+START_TIMEOUT = 60.0
+
+
+class ClusterError(RuntimeError):
+    """A postgresql-common command failed; the message has its output."""
+
+
+def run(*command: str) -> str:
+    """Run a postgresql-common command; raise ClusterError with its output if it fails."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    if result.returncode != 0:
+        raise ClusterError(
+            f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}"
+        )
+    return result.stdout
+
+
+def available() -> str | None:
+    """Why private clusters cannot be made here, or None if they can."""
+    if os.geteuid() != 0:
+        return "private PostgreSQL clusters need root (pg_createcluster)"
+    if shutil.which("pg_createcluster") is None:
+        return "pg_createcluster not found (Debian's postgresql-common)"
+    return None
+
+
+def existing_clusters() -> dict[str, int]:
+    """Cluster name -> port, for this PostgreSQL version."""
+    clusters = {}
+    for line in run("pg_lsclusters", "--no-header").splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] == VERSION:
+            clusters[fields[1]] = int(fields[2])
+    return clusters
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(name: str, taken: set[int]) -> int:
+    """A free port, searched from one that depends on the name: runs of other names
+    (other sessions, CI beside a developer) rarely try the same one first."""
+    start = zlib.crc32(name.encode()) % len(PORTS)
+    for offset in range(len(PORTS)):
+        port = PORTS[(start + offset) % len(PORTS)]
+        if port not in taken and port_is_free(port):
+            return port
+    raise ClusterError(f"no free port in {PORTS.start}-{PORTS.stop - 1} for a private cluster")
+
+
+class Cluster:
+    """One private cluster: created, started, restarted, stopped and dropped by name."""
+
+    def __init__(self, name: str, *, ssl: bool = False) -> None:
+        self.name = name
+        self.ssl = ssl
+        self.port = 0
+        self.config_dir = CONFIG_ROOT / name
+        self.cert_file: Path | None = None
+        """With `ssl`: the server's certificate (self-signed: also its own root)."""
+
+    # ------------------------------------------------------------ life cycle
+
+    def create(self) -> None:
+        """Make the cluster (dropping a stale one of the same name) and start it."""
+        clusters = existing_clusters()
+        if self.name in clusters:
+            self.drop()
+            clusters.pop(self.name)
+        self.port = free_port(self.name, set(clusters.values()))
+        options = {
+            "listen_addresses": "'127.0.0.1'",
+            "max_connections": "200",
+            "fsync": "off",  # nothing here must survive a crash of the machine
+            "full_page_writes": "off",
+            "shared_buffers": "'64MB'",
+        }
+        options.update(self._ssl_options() if self.ssl else {"ssl": "off"})
+        run(
+            "pg_createcluster",
+            "--quiet",
+            "--start-conf=manual",
+            VERSION,
+            self.name,
+            "--port",
+            str(self.port),
+            "--",
+            "--auth=trust",
+            "--no-sync",
+        )
+        # Debian's postgresql.conf reads conf.d/ last: these win over its defaults.
+        lines = [f"{key} = {value}\n" for key, value in options.items()]
+        (self.config_dir / "conf.d" / "venturi-tests.conf").write_text("".join(lines))
+        self.start()
+
+    def _ssl_options(self) -> dict[str, str]:
+        cert, key = SNAKEOIL_CERT, SNAKEOIL_KEY
+        if not (cert.exists() and key.exists()):
+            cert, key = self._self_signed()
+        self.cert_file = cert
+        return {"ssl": "on", "ssl_cert_file": f"'{cert}'", "ssl_key_file": f"'{key}'"}
+
+    def _self_signed(self) -> tuple[Path, Path]:
+        """A certificate for 127.0.0.1 in a folder of the cluster's, readable by postgres only."""
+        folder = Path("/var/lib/postgresql") / f"{self.name}-tls"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        cert, key = folder / "server.crt", folder / "server.key"
+        run(
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        )
+        for path in (folder, cert, key):
+            shutil.chown(path, "postgres", "postgres")
+        key.chmod(0o600)
+        return cert, key
+
+    def require_tls(self) -> None:
+        """Refuse TCP connections without TLS (pg_hba.conf: hostssl only), then reload."""
+        assert self.ssl, "a cluster made without ssl cannot require it"
+        (self.config_dir / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            "hostssl all all 127.0.0.1/32 trust\n"
+            "hostnossl all all 0.0.0.0/0 reject\n"
+        )
+        self._ctl("reload")
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def stop(self) -> None:
+        self._ctl("stop")
+
+    def restart(self) -> None:
+        """A real server restart (fast shutdown: every connection is closed), then wait
+        until it accepts connections again."""
+        self._ctl("restart")
+
+    def _ctl(self, action: str) -> None:
+        run("pg_ctlcluster", "--mode=fast", VERSION, self.name, action)
+        if action in {"start", "restart"}:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg.connect(self.url("postgres"), connect_timeout=5).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def drop(self) -> None:
+        if self.name in existing_clusters():
+            run("pg_dropcluster", "--stop", VERSION, self.name)
+        shutil.rmtree(Path("/var/lib/postgresql") / f"{self.name}-tls", ignore_errors=True)
+
+    # ------------------------------------------------------------ using it
+
+    def url(self, dbname: str, **options: str) -> str:
+        query = f"?{urlencode(options)}" if options else ""
+        return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}{query}"
+
+    def execute(self, sql: str, dbname: str = "postgres") -> list[tuple[object, ...]]:
+        """Run one statement in autocommit on the cluster; its rows, if any."""
+        with psycopg.connect(self.url(dbname), autocommit=True) as connection:
+            cursor = connection.execute(sql.encode())
+            return cursor.fetchall() if cursor.description else []
+
+    def create_database(self, dbname: str) -> None:
+        self.execute(f'CREATE DATABASE "{dbname}"')
+
+    def log(self) -> str:
+        """The server's log (what it said about restarts, refused connections...)."""
+        path = Path("/var/log/postgresql") / f"postgresql-{VERSION}-{self.name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def cluster_name(purpose: str) -> str:
+    """A cluster name unique to this run (VENTURI_TEST_RUN) and purpose."""
+    suffix = os.environ.get("VENTURI_TEST_RUN", "").strip("_") or "main"
+    return f"venturi_{purpose}_{suffix}".lower()
+
+
+@contextlib.contextmanager
+def private_cluster(purpose: str, *, ssl: bool = False) -> Iterator[Cluster]:
+    """A started private cluster for the block; dropped at its end, whatever happened."""
+    cluster = Cluster(cluster_name(purpose), ssl=ssl)
+    try:
+        cluster.create()
+        yield cluster
+    finally:
+        cluster.drop()
