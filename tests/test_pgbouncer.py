@@ -1,0 +1,373 @@
+"""Through a real PgBouncer in transaction-pooling mode (Debian's `pgbouncer`).
+
+The test starts its own `pgbouncer` (a temporary ini: pool_mode = transaction,
+127.0.0.1 on a free port, trust auth, the test database mapped to
+127.0.0.1:5432) and stops it at the end. Worker subprocesses see
+VENTURI_TEST_PGBOUNCER_PORT, so their `default` alias goes through PgBouncer and
+their listener straight to PostgreSQL (`LISTEN_DATABASE`, tests/settings.py).
+Producers in this process use the alias `pooled`, the same database through
+PgBouncer. The pool has fewer server connections than there are clients, so
+connections are shared as in production: a session setting or a prepared
+statement left on one server connection shows.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connections
+
+import django_venturi as venturi
+from django_venturi import verdicts
+from django_venturi.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.completion import write_verdicts
+from django_venturi.models import Job, JournalEntry
+from django_venturi.scheduling import TierClock
+from django_venturi.states import LIVE_STATES
+from tests.conftest import Workers, wait_until
+from tests.testapp.control_tasks import Cancellable
+from tests.testapp.dedup_tasks import PausingRecompute, Recompute
+from tests.testapp.models import Record
+from tests.testapp.scheduling_tasks import Capped
+from tests.testapp.tasks import Chaos, Flaky, Noop, Pausing
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pooled"])
+
+POOLED = "pooled"
+"""This process's alias for the test database through PgBouncer."""
+POOL_SIZE = 4
+"""Server connections per pool: fewer than the clients, so clients share them."""
+SESSION_DEFAULTS = {"jit": "on", "plan_cache_mode": "auto"}
+"""PostgreSQL's defaults of the settings venturi tunes for its own statements."""
+
+
+@dataclasses.dataclass
+class PgBouncer:
+    """A running `pgbouncer` process and how to reach it."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def url(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def admin(self, command: str) -> list[dict[str, Any]]:
+        """Run a SHOW command on PgBouncer's admin console (simple query protocol only)."""
+        with psycopg.connect(
+            self.url("pgbouncer"), autocommit=True, cursor_factory=psycopg.ClientCursor
+        ) as connection:
+            cursor = connection.execute(command)
+            names = [column.name for column in cursor.description or []]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_config(directory: Path, port: int, database: str) -> Path:
+    """PgBouncer's ini and auth file, readable by the user it runs as."""
+    users = directory / "users.txt"
+    users.write_text('"postgres" ""\n')
+    ini = directory / "pgbouncer.ini"
+    ini.write_text(
+        "[databases]\n"
+        f"{database} = host=127.0.0.1 port=5432 dbname={database}\n"
+        "[pgbouncer]\n"
+        "listen_addr = 127.0.0.1\n"
+        f"listen_port = {port}\n"
+        "unix_socket_dir =\n"
+        "auth_type = trust\n"
+        f"auth_file = {users}\n"
+        "admin_users = postgres\n"
+        "pool_mode = transaction\n"
+        f"default_pool_size = {POOL_SIZE}\n"
+        "max_client_conn = 500\n"
+    )
+    for path in (directory, users, ini):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return ini
+
+
+def start_pgbouncer(database: str) -> PgBouncer:
+    executable = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.path.exists(executable):
+        pytest.fail("pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)")
+    directory = Path(tempfile.mkdtemp(prefix="venturi-pgbouncer-"))
+    port = free_port()
+    ini = write_config(directory, port, database)
+    # PgBouncer refuses to run as root; -u switches to PostgreSQL's own user.
+    as_user = ["-u", "postgres"] if os.geteuid() == 0 else []
+    log = directory / "pgbouncer.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [executable, *as_user, str(ini)], stdout=output, stderr=subprocess.STDOUT
+        )
+    bouncer = PgBouncer(port=port, process=process, log=log)
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"pgbouncer exited:\n{log.read_text()}")
+        try:
+            with psycopg.connect(bouncer.url(database), connect_timeout=2) as connection:
+                connection.execute("SELECT 1")
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    wait_until(answers, timeout=20, message="pgbouncer to accept connections")
+    return bouncer
+
+
+def stop_pgbouncer(bouncer: PgBouncer) -> None:
+    bouncer.process.terminate()
+    try:
+        bouncer.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        bouncer.process.kill()
+        bouncer.process.wait(timeout=10)
+    shutil.rmtree(bouncer.log.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(django_db_setup: None, django_db_blocker: Any) -> Iterator[PgBouncer]:
+    """PgBouncer for this module, and this process's alias `pooled` through it."""
+    with django_db_blocker.unblock():
+        direct = connections["default"].settings_dict
+    bouncer = start_pgbouncer(direct["NAME"])
+    # Added before any test starts, so that tests may name it in their databases.
+    connections.settings[POOLED] = {**direct, "HOST": "127.0.0.1", "PORT": str(bouncer.port)}
+    yield bouncer
+    connections[POOLED].close()
+    del connections[POOLED]
+    del connections.settings[POOLED]
+    stop_pgbouncer(bouncer)
+
+
+@pytest.fixture(autouse=True)
+def workers_through_pgbouncer(pgbouncer: PgBouncer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker subprocesses: `default` through PgBouncer, the listener direct."""
+    monkeypatch.setenv("VENTURI_TEST_PGBOUNCER_PORT", str(pgbouncer.port))
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def live() -> list[Job]:
+    return list(Job.objects.filter(state__in=LIVE_STATES))
+
+
+def outcomes(job_id: int) -> list[str]:
+    entries = JournalEntry.objects.filter(job_id=job_id).order_by("id")
+    return list(entries.values_list("outcome", flat=True))
+
+
+def runs_per_job() -> collections.Counter[int]:
+    return collections.Counter(Record.objects.values_list("job_id", flat=True))
+
+
+def no_errors_logged(workers: Workers) -> None:
+    for index in range(len(workers.processes)):
+        log = workers.log(index)
+        assert "Traceback" not in log and "prepared statement" not in log, log
+
+
+def server_settings(bouncer: PgBouncer, database: str) -> list[dict[str, str]]:
+    """The settings of every server connection of the pool, seen by an ordinary client.
+
+    Each client holds a transaction open, so PgBouncer gives each its own server
+    connection until all of the pool's are taken; a setting that a statement left
+    on a server connection shows on one of them.
+    """
+    clients = [psycopg.connect(bouncer.url(database)) for _ in range(POOL_SIZE)]
+    try:
+        seen = []
+        for client in clients:
+            row = client.execute(
+                "SELECT current_setting('jit'), current_setting('plan_cache_mode'), "
+                "pg_backend_pid()"
+            ).fetchone()
+            assert row is not None
+            seen.append({"jit": row[0], "plan_cache_mode": row[1], "pid": row[2]})
+        assert len({entry["pid"] for entry in seen}) == POOL_SIZE  # every server connection
+        return [{"jit": entry["jit"], "plan_cache_mode": entry["plan_cache_mode"]} for entry in seen]
+    finally:
+        for client in clients:
+            client.close()
+
+
+def claim_pooled(kind: str, limit: int = 100) -> list[ClaimedJob]:
+    request = ClaimRequest(
+        worker="test", limit=limit, kinds=[kind], leases=[timedelta(minutes=5)], queues=None
+    )
+    return claim(POOLED, request, TierClock((6, 3, 1)))
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def test_a_drain_of_hundreds_of_jobs(pgbouncer: PgBouncer, workers: Workers) -> None:
+    database = connections["default"].settings_dict["NAME"]
+    ids = [job.pk for job in venturi.enqueue_many([Noop(n=i) for i in range(400)], using=POOLED)]
+    ids += [Noop(n=400 + i).enqueue(using=POOLED).pk for i in range(50)]  # the single insert
+    ids += [Capped(seconds=0.01).enqueue(using=POOLED).pk for _ in range(20)]  # the capped claim
+    for _ in range(3):
+        workers.start("default", "--concurrency", "4")
+    wait_until(lambda: not live(), timeout=20, message="the workers to drain")
+
+    assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}
+    runs = runs_per_job()
+    assert all(runs[job_id] == 1 for job_id in ids), "a job ran twice"
+    assert JournalEntry.objects.filter(job_id__in=ids, outcome="completed").count() == len(ids)
+    no_errors_logged(workers)
+    # The workers' statements went through PgBouncer ...
+    (stats,) = [row for row in pgbouncer.admin("SHOW STATS") if row["database"] == database]
+    assert stats["total_xact_count"] > len(ids) // 100
+    # ... and left no setting of theirs on the pool's server connections.
+    workers.stop_all()
+    assert server_settings(pgbouncer, database) == [SESSION_DEFAULTS] * POOL_SIZE
+
+
+def test_the_listener_connects_directly(pgbouncer: PgBouncer, workers: Workers) -> None:
+    """LISTEN never goes through the pooler; a NOTIFY sent through it wakes the worker."""
+    database = connections["default"].settings_dict["NAME"]
+    workers.start("default", "--concurrency", "2")
+
+    def listeners() -> set[int]:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN%%'",
+                [database],
+            )
+            return {row[0] for row in cursor.fetchall()}
+
+    pids = wait_until(listeners, message="the worker to listen")
+    through_pooler = {row["remote_pid"] for row in pgbouncer.admin("SHOW SERVERS")}
+    assert not pids & through_pooler
+    job = Cancellable().enqueue(using=POOLED)
+    wait_until(lambda: Record.objects.filter(job_id=job.pk).exists(), message="the job to start")
+    assert venturi.cancel(job.pk, using=POOLED) == venturi.CancelResult(cancelled=0, stopping=1)
+    wait_until(lambda: Job.objects.get(pk=job.pk).state == venturi.State.CANCELLED, timeout=15)
+    assert outcomes(job.pk) == ["cancelled"]
+    assert "learnt by notification" in workers.log()
+
+
+def test_a_killed_workers_jobs_are_recovered_by_another(workers: Workers, tmp_path: Path) -> None:
+    path = tmp_path / "runs.txt"
+    ids = [Chaos(path=str(path), sleep=30).enqueue(using=POOLED).pk for _ in range(4)]
+    ids += [Chaos(path=str(path), sleep=0.01).enqueue(using=POOLED).pk for _ in range(20)]
+    first = workers.start("default", "--concurrency", "4")
+
+    def started() -> list[list[int]]:
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [[int(field) for field in line.split()] for line in lines]
+
+    # The four long runs hold all of the first worker's slots: kill it in the middle.
+    wait_until(lambda: len([r for r in started() if r[0] in ids[:4]]) == 4, timeout=30)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    Job.objects.filter(pk__in=ids[:4]).update(payload={"path": str(path), "sleep": 0.01})
+    workers.start("default", "--concurrency", "4")
+    wait_until(lambda: not live(), timeout=60, message="the second worker to recover and drain")
+
+    assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}
+    per_job = collections.Counter(row[0] for row in started())
+    assert {job_id: per_job[job_id] for job_id in ids[:4]} == dict.fromkeys(ids[:4], 2)
+    assert all(per_job[job_id] == 1 for job_id in ids[4:])
+    assert all(outcomes(job_id) == ["lease_expired", "completed"] for job_id in ids[:4])
+
+
+def test_a_keyed_enqueue_against_a_running_job_gets_a_follow_up(workers: Workers) -> None:
+    first = Recompute(account="a").enqueue(using=POOLED)
+    (running,) = claim_pooled("tests.recompute")
+    follow_up = Recompute(account="a").enqueue(using=POOLED)  # merge(): running, so enqueue
+    assert follow_up.pk != first.pk
+    assert Recompute(account="a").enqueue(using=POOLED).pk == follow_up.pk  # merged into it
+    assert write_verdicts(POOLED, "test", [verdicts.completed(running)]) == {first.pk}
+    workers.start("default", "--concurrency", "2")
+    wait_until(lambda: Job.objects.get(pk=follow_up.pk).state == venturi.State.COMPLETED)
+    (record,) = Record.objects.filter(job_id=follow_up.pk)
+    assert record.value == {"account": "a", "count": 2}
+
+
+def test_pausing_keyed_jobs_under_producers_lose_no_enqueue(workers: Workers) -> None:
+    """Pauses fold follow-ups back (the verdict's transaction) while producers enqueue."""
+    PausingRecompute(account="p0", steps=20).enqueue(using=POOLED)
+    workers.start("default", "--concurrency", "4")
+    wait_until(lambda: Job.objects.filter(attempt__gt=0).exists(), message="a first run")
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        try:
+            for _ in range(25):
+                PausingRecompute(account=f"p{n % 2}", steps=20).enqueue(using=POOLED)
+                time.sleep(0.005)
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    wait_until(lambda: not live(), timeout=90, message="the worker to drain")
+    counts = [record.value["count"] for record in Record.objects.all()]
+    assert sum(counts) == 1 + 6 * 25
+    assert JournalEntry.objects.filter(outcome="paused").exists()
+    no_errors_logged(workers)
+
+
+def test_a_retry_a_pause_with_carry_and_a_cancel(workers: Workers) -> None:
+    flaky = Flaky(failures=2).enqueue(using=POOLED)
+    pausing = Pausing(steps=4).enqueue(using=POOLED)
+    workers.start("default", "--concurrency", "2")
+    wait_until(lambda: not live(), timeout=30, message="the worker to finish both")
+
+    assert outcomes(flaky.pk) == ["retry", "retry", "completed"]
+    errors = JournalEntry.objects.filter(job_id=flaky.pk, outcome="retry")
+    assert list(errors.values_list("error_message", flat=True)) == [
+        "flaky failure 1",
+        "flaky failure 2",
+    ]
+    assert outcomes(pausing.pk) == ["paused", "paused", "paused", "completed"]
+    seen = Record.objects.filter(job_id=pausing.pk).order_by("id").values_list("value", flat=True)
+    assert list(seen) == [0, 1, 2, 3]  # each run saw the carry of the one before
+    no_errors_logged(workers)
+
+
+def test_periodic_ticks_are_enqueued_once(workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:
+    schedule = {"task": "tests.noop", "cron": "* * * * * *", "payload": {"n": 1}}
+    monkeypatch.setenv("VENTURI_TEST_PERIODIC", json.dumps([schedule]))
+    for _ in range(2):
+        workers.start("default", "--concurrency", "2")
+    wait_until(
+        lambda: Job.objects.filter(state=venturi.State.COMPLETED).count() >= 3,
+        timeout=30,
+        message="three ticks to run",
+    )
+    workers.stop_all()
+    ticks = list(Job.objects.values_list("periodic_tick", flat=True))
+    assert len(set(ticks)) == len(ticks) and None not in ticks
+    assert all(count == 1 for count in runs_per_job().values())
