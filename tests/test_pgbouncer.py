@@ -31,10 +31,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 import django_venturi as venturi
-from django_venturi import verdicts
+from django_venturi import statements, verdicts
 from django_venturi.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
@@ -53,8 +53,10 @@ POOLED = "pooled"
 """This process's alias for the test database through PgBouncer."""
 POOL_SIZE = 4
 """Server connections per pool: fewer than the clients, so clients share them."""
-SESSION_DEFAULTS = {"jit": "on", "plan_cache_mode": "auto"}
-"""PostgreSQL's defaults of the settings venturi tunes for its own statements."""
+SESSION_DEFAULTS = ("on", "auto")
+"""PostgreSQL's defaults of `jit` and `plan_cache_mode`, which venturi tunes for its statements."""
+CLEAN = (*SESSION_DEFAULTS, 0)
+"""A server connection with PostgreSQL's defaults and no prepared statement."""
 
 
 @dataclasses.dataclass
@@ -191,28 +193,27 @@ def no_errors_logged(workers: Workers) -> None:
         assert "Traceback" not in log and "prepared statement" not in log, log
 
 
-def server_settings(bouncer: PgBouncer, database: str) -> list[dict[str, str]]:
-    """The settings of every server connection of the pool, seen by an ordinary client.
+def server_sessions(bouncer: PgBouncer, database: str) -> list[tuple[str, str, int]]:
+    """What every server connection of the pool holds, as a client sees it.
 
-    Each client holds a transaction open, so PgBouncer gives each its own server
-    connection until all of the pool's are taken; a setting that a statement left
-    on a server connection shows on one of them.
+    `jit`, `plan_cache_mode` and the number of prepared statements. Each client
+    holds a transaction open, so PgBouncer gives each its own server connection
+    until all of the pool's are taken: what a statement left on one shows.
     """
     clients = [psycopg.connect(bouncer.url(database)) for _ in range(POOL_SIZE)]
     try:
-        seen = []
-        for client in clients:
-            row = client.execute(
+        rows = [
+            client.execute(
                 "SELECT current_setting('jit'), current_setting('plan_cache_mode'), "
-                "pg_backend_pid()"
+                "(SELECT count(*) FROM pg_prepared_statements), pg_backend_pid()"
             ).fetchone()
-            assert row is not None
-            seen.append({"jit": row[0], "plan_cache_mode": row[1], "pid": row[2]})
-        assert len({entry["pid"] for entry in seen}) == POOL_SIZE  # every server connection
-        return [{"jit": entry["jit"], "plan_cache_mode": entry["plan_cache_mode"]} for entry in seen]
+            for client in clients
+        ]
     finally:
         for client in clients:
             client.close()
+    assert len({row[3] for row in rows if row}) == POOL_SIZE  # every server connection
+    return [(row[0], row[1], row[2]) for row in rows if row]
 
 
 def claim_pooled(kind: str, limit: int = 100) -> list[ClaimedJob]:
@@ -225,14 +226,38 @@ def claim_pooled(kind: str, limit: int = 100) -> list[ClaimedJob]:
 # ---------------------------------------------------------------- scenarios
 
 
+SETTINGS_NOW = "SELECT current_setting('jit'), current_setting('plan_cache_mode')"
+TUNED = ("off", "force_custom_plan")
+"""What statements.WORKER_SESSION sets them to."""
+
+
+def test_the_worker_settings_hold_for_the_statement_and_end_with_it(pgbouncer: PgBouncer) -> None:
+    database = connections["default"].settings_dict["NAME"]
+    assert not statements.behind_pooler("default")
+    assert statements.behind_pooler(POOLED)
+    for _ in range(3):  # the first call of a connection, then the later ones
+        tuned = statements.fetch(POOLED, SETTINGS_NOW, [], session=statements.WORKER_SESSION)
+        assert tuned == [TUNED]
+        with transaction.atomic(using=POOLED):  # the capped claim's and the fold's way
+            statements.prime_session(POOLED, statements.WORKER_SESSION)
+            statements.fetch(POOLED, "SELECT 1", [])
+            tuned = statements.fetch(POOLED, SETTINGS_NOW, [], session=statements.WORKER_SESSION)
+            assert tuned == statements.fetch(POOLED, SETTINGS_NOW, []) == [TUNED]
+        assert statements.fetch(POOLED, SETTINGS_NOW, []) == [SESSION_DEFAULTS]
+    assert server_sessions(pgbouncer, database) == [CLEAN] * POOL_SIZE
+    # A direct connection keeps them for its session, as before.
+    statements.fetch("default", SETTINGS_NOW, [], session=statements.WORKER_SESSION)
+    assert statements.fetch("default", SETTINGS_NOW, []) == [TUNED]
+
+
 def test_a_drain_of_hundreds_of_jobs(pgbouncer: PgBouncer, workers: Workers) -> None:
     database = connections["default"].settings_dict["NAME"]
     ids = [job.pk for job in venturi.enqueue_many([Noop(n=i) for i in range(400)], using=POOLED)]
     ids += [Noop(n=400 + i).enqueue(using=POOLED).pk for i in range(50)]  # the single insert
-    ids += [Capped(seconds=0.01).enqueue(using=POOLED).pk for _ in range(20)]  # the capped claim
+    ids += [Capped(seconds=0.01).enqueue(using=POOLED).pk for _ in range(6)]  # the capped claim
     for _ in range(3):
         workers.start("default", "--concurrency", "4")
-    wait_until(lambda: not live(), timeout=20, message="the workers to drain")
+    wait_until(lambda: not live(), timeout=90, message="the workers to drain")
 
     assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}
     runs = runs_per_job()
@@ -244,7 +269,7 @@ def test_a_drain_of_hundreds_of_jobs(pgbouncer: PgBouncer, workers: Workers) -> 
     assert stats["total_xact_count"] > len(ids) // 100
     # ... and left no setting of theirs on the pool's server connections.
     workers.stop_all()
-    assert server_settings(pgbouncer, database) == [SESSION_DEFAULTS] * POOL_SIZE
+    assert server_sessions(pgbouncer, database) == [CLEAN] * POOL_SIZE
 
 
 def test_the_listener_connects_directly(pgbouncer: PgBouncer, workers: Workers) -> None:
@@ -357,7 +382,9 @@ def test_a_retry_a_pause_with_carry_and_a_cancel(workers: Workers) -> None:
     no_errors_logged(workers)
 
 
-def test_periodic_ticks_are_enqueued_once(workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_periodic_ticks_are_enqueued_once(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
     schedule = {"task": "tests.noop", "cron": "* * * * * *", "payload": {"n": 1}}
     monkeypatch.setenv("VENTURI_TEST_PERIODIC", json.dumps([schedule]))
     for _ in range(2):
