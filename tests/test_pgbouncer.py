@@ -29,14 +29,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import django.db
 import psycopg
 import pytest
 from django.db import connections, transaction
+from django.test import override_settings
+from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import statements, verdicts
+from django_venturi import statements, sweeper, verdicts
 from django_venturi.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.completion import write_verdicts
+from django_venturi.listener import connection_params
 from django_venturi.models import Job, JournalEntry
 from django_venturi.scheduling import TierClock
 from django_venturi.states import LIVE_STATES
@@ -71,12 +75,14 @@ class PgBouncer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def admin(self, command: str) -> list[dict[str, Any]]:
-        """Run a SHOW command on PgBouncer's admin console (simple query protocol only)."""
+        """Run a command on PgBouncer's admin console (simple query protocol only)."""
         with psycopg.connect(
             self.url("pgbouncer"), autocommit=True, cursor_factory=psycopg.ClientCursor
         ) as connection:
             cursor = connection.execute(command)
-            names = [column.name for column in cursor.description or []]
+            if cursor.description is None:  # a command, not a SHOW
+                return []
+            names = [column.name for column in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
@@ -398,3 +404,55 @@ def test_periodic_ticks_are_enqueued_once(
     ticks = list(Job.objects.values_list("periodic_tick", flat=True))
     assert len(set(ticks)) == len(ticks) and None not in ticks
     assert all(count == 1 for count in runs_per_job().values())
+
+
+def test_a_sweep_through_the_pooler_leaves_its_lock_nowhere(
+    pgbouncer: PgBouncer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's lock must not stay on a server connection that other clients then use."""
+    database = connections["default"].settings_dict["NAME"]
+    old = timezone.now() - timedelta(days=30)
+    Job.objects.create(kind="tests.noop", payload={}, state="completed", attempt=1, finished_at=old)
+    delete = sweeper._delete
+    others: list[psycopg.Connection[Any]] = []
+
+    def delete_while_another_client_has_our_server(
+        alias: str, policy: dict[str, timedelta]
+    ) -> dict[str, Any]:
+        # PgBouncer hands out the server connection used last: the sweep's, which
+        # another client's transaction now holds until the sweep has ended.
+        others.append(psycopg.connect(pgbouncer.url(database)))
+        others[0].execute("SELECT 1")
+        return delete(alias, policy)
+
+    monkeypatch.setattr(sweeper, "_delete", delete_while_another_client_has_our_server)
+    try:
+        with override_settings(VENTURI={"RETENTION": {"completed": "1d"}}):
+            results = sweeper.sweep(POOLED)
+    finally:
+        for other in others:
+            other.commit()
+            other.close()
+        monkeypatch.setattr(sweeper, "_delete", delete)
+    assert results is not None and results["completed"].jobs == 1
+    # Another worker can sweep next: the lock is free, through the pooler and directly.
+    with override_settings(VENTURI={"RETENTION": {"completed": "1d"}}):
+        assert sweeper.sweep(POOLED) is not None
+    with psycopg.connect(**connection_params("default"), autocommit=True) as direct:
+        taken = direct.execute("SELECT pg_try_advisory_lock(%s)", [sweeper.ADVISORY_LOCK_KEY])
+        assert taken.fetchone() == (True,)
+
+
+def test_a_sweep_whose_lock_cannot_connect_raises_djangos_error(pgbouncer: PgBouncer) -> None:
+    """The sweeper thread survives what it catches: Django's errors, not psycopg's."""
+    database = connections["default"].settings_dict["NAME"]
+    Job.objects.using(POOLED).exists()  # connected before PgBouncer turns new clients away
+    pgbouncer.admin(f"DISABLE {database}")
+    try:
+        with (
+            override_settings(VENTURI={"RETENTION": {"completed": "1d"}}),
+            pytest.raises(django.db.OperationalError),
+        ):
+            sweeper.sweep(POOLED)
+    finally:
+        pgbouncer.admin(f"ENABLE {database}")
