@@ -32,12 +32,14 @@ from typing import Any
 import django.db
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
 import django_venturi as venturi
 from django_venturi import statements, sweeper, verdicts
+from django_venturi.checks import check_listen_connection
 from django_venturi.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.completion import write_verdicts
 from django_venturi.listener import connection_params
@@ -456,3 +458,15 @@ def test_a_sweep_whose_lock_cannot_connect_raises_djangos_error(pgbouncer: PgBou
             sweeper.sweep(POOLED)
     finally:
         pgbouncer.admin(f"ENABLE {database}")
+
+
+def test_a_listener_through_the_pooler_is_a_warning_of_the_database_checks() -> None:
+    # Jobs through the pooler and no LISTEN_DATABASE: the listener would use it too.
+    with override_settings(VENTURI={**settings.VENTURI, "DATABASE": POOLED}):
+        (warning,) = check_listen_connection(databases=[POOLED])
+        assert warning.id == "venturi.W050" and repr(POOLED) in warning.msg
+        assert check_listen_connection(databases=None) == []  # plain `check`: no connection
+    direct_listener = {**settings.VENTURI, "DATABASE": POOLED, "LISTEN_DATABASE": "default"}
+    with override_settings(VENTURI=direct_listener):
+        assert check_listen_connection(databases=[POOLED]) == []
+    assert check_listen_connection(databases=["default"]) == []
