@@ -1,8 +1,8 @@
 """Through a real PgBouncer in transaction-pooling mode (Debian's `pgbouncer`).
 
 The test starts its own `pgbouncer` (a temporary ini: pool_mode = transaction,
-127.0.0.1 on a free port, trust auth, the test database mapped to
-127.0.0.1:5432) and stops it at the end. Worker subprocesses see
+127.0.0.1 on a free port, trust auth, the test database mapped to the server
+of DATABASE_URL) and stops it at the end. Worker subprocesses see
 VENTURI_TEST_PGBOUNCER_PORT, so their `default` alias goes through PgBouncer and
 their listener straight to PostgreSQL (`LISTEN_DATABASE`, tests/settings.py).
 Producers in this process use the alias `pooled`, the same database through
@@ -70,11 +70,12 @@ class PgBouncer:
     """A running `pgbouncer` process and how to reach it."""
 
     port: int
+    user: str
     process: subprocess.Popen[bytes]
     log: Path
 
     def url(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"
 
     def admin(self, command: str) -> list[dict[str, Any]]:
         """Run a command on PgBouncer's admin console (simple query protocol only)."""
@@ -94,21 +95,25 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def write_config(directory: Path, port: int, database: str) -> Path:
+def write_config(directory: Path, port: int, server: dict[str, Any]) -> Path:
     """PgBouncer's ini and auth file, readable by the user it runs as."""
+    database, user = server["NAME"], server["USER"]
+    target = f"host={server['HOST'] or '127.0.0.1'} port={server['PORT'] or 5432}"
+    if server["PASSWORD"]:
+        target += f" password={server['PASSWORD']}"
     users = directory / "users.txt"
-    users.write_text('"postgres" ""\n')
+    users.write_text(f'"{user}" ""\n')
     ini = directory / "pgbouncer.ini"
     ini.write_text(
         "[databases]\n"
-        f"{database} = host=127.0.0.1 port=5432 dbname={database}\n"
+        f"{database} = {target} dbname={database} user={user}\n"
         "[pgbouncer]\n"
         "listen_addr = 127.0.0.1\n"
         f"listen_port = {port}\n"
         "unix_socket_dir =\n"
         "auth_type = trust\n"
         f"auth_file = {users}\n"
-        "admin_users = postgres\n"
+        f"admin_users = {user}\n"
         "pool_mode = transaction\n"
         f"default_pool_size = {POOL_SIZE}\n"
         "max_client_conn = 500\n"
@@ -118,13 +123,14 @@ def write_config(directory: Path, port: int, database: str) -> Path:
     return ini
 
 
-def start_pgbouncer(database: str) -> PgBouncer:
+def start_pgbouncer(server: dict[str, Any]) -> PgBouncer:
+    """PgBouncer in front of the server and database of `server` (a Django settings dict)."""
     executable = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not os.path.exists(executable):
         pytest.fail("pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)")
     directory = Path(tempfile.mkdtemp(prefix="venturi-pgbouncer-"))
     port = free_port()
-    ini = write_config(directory, port, database)
+    ini = write_config(directory, port, server)
     # PgBouncer refuses to run as root; -u switches to PostgreSQL's own user.
     as_user = ["-u", "postgres"] if os.geteuid() == 0 else []
     log = directory / "pgbouncer.log"
@@ -132,13 +138,13 @@ def start_pgbouncer(database: str) -> PgBouncer:
         process = subprocess.Popen(
             [executable, *as_user, str(ini)], stdout=output, stderr=subprocess.STDOUT
         )
-    bouncer = PgBouncer(port=port, process=process, log=log)
+    bouncer = PgBouncer(port=port, user=server["USER"], process=process, log=log)
 
     def answers() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"pgbouncer exited:\n{log.read_text()}")
         try:
-            with psycopg.connect(bouncer.url(database), connect_timeout=2) as connection:
+            with psycopg.connect(bouncer.url(server["NAME"]), connect_timeout=2) as connection:
                 connection.execute("SELECT 1")
         except psycopg.OperationalError:
             return False
@@ -163,7 +169,7 @@ def pgbouncer(django_db_setup: None, django_db_blocker: Any) -> Iterator[PgBounc
     """PgBouncer for this module, and this process's alias `pooled` through it."""
     with django_db_blocker.unblock():
         direct = connections["default"].settings_dict
-    bouncer = start_pgbouncer(direct["NAME"])
+    bouncer = start_pgbouncer(direct)
     # Added before any test starts, so that tests may name it in their databases.
     connections.settings[POOLED] = {**direct, "HOST": "127.0.0.1", "PORT": str(bouncer.port)}
     yield bouncer
