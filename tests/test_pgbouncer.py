@@ -264,6 +264,19 @@ def test_the_worker_settings_hold_for_the_statement_and_end_with_it(pgbouncer: P
     assert statements.fetch("default", SETTINGS_NOW, []) == [TUNED]
 
 
+def test_an_error_in_a_statement_behind_the_pooler_is_djangos_and_leaves_it_usable() -> None:
+    failing = "SELECT 1 / %s"
+    session = statements.WORKER_SESSION
+    statements.fetch(POOLED, "SELECT 1", [])
+    with pytest.raises(django.db.DataError):  # division by zero, in the settings' pipeline
+        statements.fetch(POOLED, failing, [0], session=session)
+    assert statements.fetch(POOLED, failing, [1], session=session) == [(1,)]
+    with pytest.raises(django.db.DataError), transaction.atomic(using=POOLED):
+        statements.fetch(POOLED, failing, [0], session=session)
+    assert statements.fetch(POOLED, SETTINGS_NOW, []) == [SESSION_DEFAULTS]
+    assert statements.fetch(POOLED, failing, [1], session=session) == [(1,)]
+
+
 def test_a_drain_of_hundreds_of_jobs(pgbouncer: PgBouncer, workers: Workers) -> None:
     database = connections["default"].settings_dict["NAME"]
     ids = [job.pk for job in venturi.enqueue_many([Noop(n=i) for i in range(400)], using=POOLED)]
