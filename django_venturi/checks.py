@@ -9,9 +9,12 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import Warning as CheckWarning
+from django.db import Error as DatabaseError
+from django.db import connections
 
-from django_venturi import telemetry
-from django_venturi.conf import DEFAULTS
+from django_venturi import statements, telemetry
+from django_venturi.conf import DEFAULTS, venturi_settings
 
 HINT = "See 'Settings' in the django-venturi guide."
 
@@ -149,6 +152,42 @@ def check_settings(
         )
     errors.extend(check_sqlite_transaction_mode(user, settings.DATABASES))
     return errors
+
+
+@register(Tags.database)
+def check_listen_connection(
+    app_configs: Sequence[AppConfig] | None = None,
+    *,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """Warn when the listener's alias reaches PostgreSQL through a connection pooler.
+
+    A database check: it connects, so Django runs it only for the databases it
+    is given (`migrate`, `check --database`).
+    """
+    listen = venturi_settings.LISTEN_DATABASE
+    if not databases or not {listen, venturi_settings.DATABASE} & set(databases):
+        return []
+    if listen not in connections:  # venturi.E006 says so
+        return []
+    try:
+        pooled = statements.behind_pooler(listen)
+    except DatabaseError:  # unreachable: nothing to tell yet
+        return []
+    if not pooled:
+        return []
+    return [
+        CheckWarning(
+            f"the listener's alias {listen!r} reaches PostgreSQL through a connection pooler: "
+            "in transaction mode, LISTEN runs on whichever server connection is free and "
+            "notifications are lost, so workers only poll",
+            hint="Point VENTURI['LISTEN_DATABASE'] at an alias that connects to PostgreSQL "
+            "directly (see 'PgBouncer' in the production docs).",
+            obj="settings.VENTURI",
+            id="venturi.W050",
+        )
+    ]
 
 
 def check_sqlite_transaction_mode(

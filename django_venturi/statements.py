@@ -16,13 +16,19 @@ keep transaction-mode connection poolers working. Preparing here is explicit and
 limited to these statements; the automatic threshold of the connection is
 raised only so that psycopg honours the explicit requests, never to prepare
 Django's own queries (its client-side cursors never prepare), and only on a
-connection left at Django's default. Behind a pooler that does not support
-prepared statements (PgBouncer before 1.21, or
-`max_prepared_statements = 0`), set `VENTURI["PREPARED_STATEMENTS"] = False`.
+connection left at Django's default.
+
+Behind a transaction-mode pooler (PgBouncer, found out by `_behind_pooler`),
+consecutive statements of one client may run on different server connections,
+each shared with other clients: a prepared statement would be missing from the
+next one, and a session `SET` would be lost for us and left to whoever gets
+that server connection next. There these statements run unnamed, and their
+settings are made local to the statement's own transaction (`_fetch_pooled`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import time
@@ -38,12 +44,14 @@ ONLY_WHEN_ASKED = 2**31 - 1
 """A `prepare_threshold` that no query reaches by repetition alone."""
 
 Params = Sequence[Any] | Mapping[str, Any]
+Setting = tuple[str, str]
+"""A run-time setting of PostgreSQL and its value."""
 
-NO_JIT = "SET jit = off"
+NO_JIT: Setting = ("jit", "off")
 """For the claim: beside a large backlog its estimated cost passes `jit_above_cost`,
 and compiling it took 80 ms of a 110 ms claim."""
 
-CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
+CUSTOM_PLANS: Setting = ("plan_cache_mode", "force_custom_plan")
 """For the claim and the verdict write: PostgreSQL plans a prepared statement for
 its parameters five times, then may switch to one generic plan, which for these
 is a scan of the whole table (hundreds of ms beside a large backlog). With this
@@ -54,19 +62,32 @@ same for any values, keeps the generic plan on a connection that only enqueues
 WORKER_SESSION = (NO_JIT, CUSTOM_PLANS)
 """The settings of the connections that claim and write verdicts, the worker's own."""
 
-_applied: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-"""The session settings run on each psycopg connection."""
+
+@dataclasses.dataclass
+class _Link:
+    """What is known of the server session behind one psycopg connection."""
+
+    pooled: bool | None = None
+    """Whether a pooler stands between; None until a statement needs to know."""
+    applied: set[Setting] = dataclasses.field(default_factory=set)
+    """The settings run on the session so far (never behind a pooler)."""
+    used: bool = False
+    """Whether a statement ran on it while `pooled` was still unknown."""
+
+
+_links: weakref.WeakKeyDictionary[Any, _Link] = weakref.WeakKeyDictionary()
 
 
 def fetch(
-    alias: str, sql: str, params: Params, *, session: Sequence[str] = ()
+    alias: str, sql: str, params: Params, *, session: Sequence[Setting] = ()
 ) -> list[tuple[Any, ...]]:
     """Run one statement on `alias` and return its rows (none for a statement without).
 
-    `session`: SET statements to run once on the connection first, when it is
-    outside a transaction (a SET inside one would roll back with it). Until they
-    have run, the statement is not prepared: an unnamed statement is planned for
-    its values on every call, whatever the session's `plan_cache_mode`.
+    `session`: settings to run once on the connection first, when it is outside
+    a transaction (a SET inside one would roll back with it). Until they have
+    run, the statement is not prepared: an unnamed statement is planned for its
+    values on every call, whatever the session's `plan_cache_mode`. Behind a
+    pooler they hold for this statement's transaction only, every time.
     """
     connection = connections[alias]
     if (
@@ -83,23 +104,65 @@ def fetch(
 
 
 def _fetch_prepared(
-    connection: Any, sql: str, params: Params, session: Sequence[str]
+    connection: Any, sql: str, params: Params, session: Sequence[Setting]
 ) -> list[tuple[Any, ...]]:
-    import psycopg
-
     connection.ensure_connection()
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
     started = time.monotonic()
     with connection.wrap_database_errors:
         raw = connection.connection
-        prepare = _set_session(raw, session) and _ready_to_prepare(raw)
-        with psycopg.Cursor(raw) as cursor:
-            cursor.execute(_binary_arrays(sql), params, prepare=prepare, binary=True)
-            rows = cursor.fetchall() if cursor.description else []
+        link = _link(raw)
+        if link.pooled is None and not session and not link.used:
+            # A connection's first plain statement runs unnamed: one that makes a
+            # single enqueue (a web request, CONN_MAX_AGE = 0) never pays the round
+            # trip of finding out whether a pooler stands between.
+            link.used = True
+            rows = _execute(raw, sql, params, prepare=False)
+        elif _pooled(raw, link):
+            rows = _fetch_pooled(raw, sql, params, session)
+        else:
+            prepare = _set_session(raw, link, session) and _ready_to_prepare(raw)
+            rows = _execute(raw, sql, params, prepare=prepare)
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return rows
+
+
+def _execute(raw: Any, sql: str, params: Params, *, prepare: bool) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.Cursor(raw) as cursor:
+        cursor.execute(_binary_arrays(sql), params, prepare=prepare, binary=True)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _fetch_pooled(
+    raw: Any, sql: str, params: Params, session: Sequence[Setting]
+) -> list[tuple[Any, ...]]:
+    """Behind a pooler: unnamed, `session` set for this statement's transaction only.
+
+    `set_config(..., true)` and the statement go in one pipeline with one Sync:
+    one round trip and one transaction (the implicit one of the extended protocol
+    in autocommit, else the caller's), which a transaction-mode pooler runs on one
+    server connection. The settings end with that transaction and reach no other
+    client. Without pipelines (libpq before 14) the settings are left out.
+    """
+    import psycopg
+
+    if not session or not psycopg.Pipeline.is_supported():
+        return _execute(raw, sql, params, prepare=False)
+    with psycopg.Cursor(raw) as cursor:
+        with raw.pipeline():
+            raw.execute(_local_settings(tuple(session)), prepare=False)
+            cursor.execute(_binary_arrays(sql), params, prepare=False, binary=True)
+        return cursor.fetchall() if cursor.description else []
+
+
+@functools.lru_cache(maxsize=8)
+def _local_settings(session: tuple[Setting, ...]) -> str:
+    calls = ", ".join(f"set_config('{name}', '{value}', true)" for name, value in session)
+    return f"SELECT {calls}"
 
 
 _ARRAY_PARAMETER = re.compile(r"%(\([^)]+\))?s(::\w+\[\])")
@@ -123,30 +186,72 @@ def _outside_transaction(raw: Any) -> bool:
     return bool(raw.autocommit) and raw.info.transaction_status == TransactionStatus.IDLE
 
 
-def prime_session(alias: str, session: Sequence[str]) -> None:
-    """Run `session`'s SET statements on `alias` now, if it is outside a transaction.
+def _link(raw: Any) -> _Link:
+    link = _links.get(raw)
+    if link is None:
+        link = _links[raw] = _Link()
+    return link
+
+
+def behind_pooler(alias: str) -> bool:
+    """Whether `alias` reaches PostgreSQL through a connection pooler (False elsewhere)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return False
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = connection.connection
+        return _pooled(raw, _link(raw))
+
+
+def _pooled(raw: Any, link: _Link) -> bool:
+    if link.pooled is None:
+        link.pooled = _behind_pooler(raw)
+    return link.pooled
+
+
+def _behind_pooler(raw: Any) -> bool:
+    """Whether a connection pooler answers for PostgreSQL on this connection.
+
+    At connect, PostgreSQL tells the client its backend's process id (with the
+    key to cancel its queries). A pooler answers the connect itself, before it
+    gives the client any server connection, so the id it tells is its own
+    invention (PgBouncer's is random) and not the backend's that runs our
+    statements. A plain TCP proxy or tunnel passes PostgreSQL's through, and
+    keeps the session: it is not a pooler here either.
+    """
+    row = raw.execute("SELECT pg_backend_pid()", prepare=False).fetchone()
+    return row is None or row[0] != raw.info.backend_pid
+
+
+def prime_session(alias: str, session: Sequence[Setting]) -> None:
+    """Run `session`'s settings on `alias` now, if it is outside a transaction.
 
     `fetch(session=...)` does it itself; a caller about to open a transaction
-    and run `fetch(session=...)` in it calls this first.
+    and run `fetch(session=...)` in it calls this first. Behind a pooler it does
+    nothing: there `fetch` sets them in the statement's own transaction.
     """
     connection = connections[alias]
     if connection.vendor != "postgresql" or not session:
         return
     connection.ensure_connection()
     with connection.wrap_database_errors:
-        _set_session(connection.connection, session)
+        raw = connection.connection
+        link = _link(raw)
+        if not _pooled(raw, link):
+            _set_session(raw, link, session)
 
 
-def _set_session(raw: Any, session: Sequence[str]) -> bool:
-    """Run the statements of `session` not yet run on `raw`; True once all have run."""
-    applied = _applied.setdefault(raw, set())
-    for statement in session:
-        if statement in applied:
+def _set_session(raw: Any, link: _Link, session: Sequence[Setting]) -> bool:
+    """Run the settings of `session` not yet run on `raw`; True once all have run."""
+    for setting in session:
+        if setting in link.applied:
             continue
         if not _outside_transaction(raw):
             return False
-        raw.execute(statement)
-        applied.add(statement)
+        name, value = setting
+        raw.execute(f"SET {name} = {value}")
+        link.applied.add(setting)
     return True
 
 

@@ -1,21 +1,24 @@
 """Retention run by workers: delete finished jobs older than `VENTURI["RETENTION"]` says.
 
 Every worker runs a sweeper thread when the setting is given, but one sweep runs
-at a time: on PostgreSQL a sweep first takes a session advisory lock with
-`pg_try_advisory_lock` and skips its turn if another worker holds it. SQLite
+at a time: on PostgreSQL a sweep first takes an advisory lock with
+`pg_try_advisory_xact_lock` and skips its turn if another worker holds it. SQLite
 has one writer at a time anyway, so there the sweep simply runs. The deletion
 itself is `venturi.cleanup()`: small batches, each its own short transaction.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.db import connections
 
 from django_venturi.conf import venturi_settings
+from django_venturi.listener import connection_params
 from django_venturi.reconnect import DATABASE_ERRORS, close_broken_connections
 from django_venturi.retention import CleanupResult, cleanup
 
@@ -36,19 +39,32 @@ def sweep(alias: str) -> dict[str, CleanupResult] | None:
     policy = venturi_settings.RETENTION
     if not policy:
         return {}
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
+    if connections[alias].vendor != "postgresql":
         return _delete(alias, policy)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
-        row = cursor.fetchone()
-    if not (row and row[0]):
-        return None
-    try:
-        return _delete(alias, policy)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+    with _sweep_lock(alias) as taken:
+        return _delete(alias, policy) if taken else None
+
+
+@contextlib.contextmanager
+def _sweep_lock(alias: str) -> Iterator[bool]:
+    """Hold the sweep's lock for the block, if it is free; yield whether it was.
+
+    The lock lives in a transaction of a connection of its own, open while the
+    batches run on the thread's connection. A session lock would not do behind
+    a transaction-mode pooler: its unlock may reach another server connection
+    and leave it held on one that other clients then use, while an open
+    transaction keeps its server connection. Taking a lock takes no snapshot and
+    no transaction id: the open transaction holds back no vacuum. Its errors are
+    Django's, as those of the sweep's own statements.
+    """
+    import psycopg
+
+    with (
+        connections[alias].wrap_database_errors,
+        psycopg.connect(**connection_params(alias), autocommit=False) as holder,
+    ):
+        row = holder.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY]).fetchone()
+        yield bool(row and row[0])
 
 
 def _delete(alias: str, policy: dict[str, timedelta]) -> dict[str, CleanupResult]:

@@ -76,6 +76,13 @@ LISTEN_URL = os.environ.get("VENTURI_TEST_LISTEN_URL")
 if LISTEN_URL:
     DATABASES["listen"] = environ.Env.db_url_config(LISTEN_URL)
 
+# Worker subprocesses of tests/test_pgbouncer.py: `default` goes through PgBouncer in
+# transaction mode, and the listener gets the direct connection LISTEN needs.
+PGBOUNCER_PORT = os.environ.get("VENTURI_TEST_PGBOUNCER_PORT")
+if PGBOUNCER_PORT:
+    DATABASES["direct"] = dict(DATABASES["default"])
+    DATABASES["default"] = {**DATABASES["default"], "HOST": "127.0.0.1", "PORT": PGBOUNCER_PORT}
+
 # The documentation's examples (docs/examples/) run in tests/test_docs_examples.py, so
 # worker subprocesses must know their tasks; their kinds all start with "docs.".
 # Not docs.examples.periodic: its schedules would make every worker of the suite enqueue
@@ -114,6 +121,8 @@ VENTURI = {
     "TIMEOUT_GRACE": 1,
     "RESCUE_INTERVAL": 0.5,
 }
+if PGBOUNCER_PORT:
+    VENTURI["LISTEN_DATABASE"] = "direct"
 # Worker subprocesses of a test can be given more settings (e.g. RETENTION) as JSON.
 VENTURI.update(json.loads(os.environ.get("VENTURI_TEST_SETTINGS", "{}")))
 if LISTEN_URL:
