@@ -32,7 +32,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_venturi import text
-from django_venturi.clock import database_time
+from django_venturi.clock import check_representable, database_time
 from django_venturi.codec import PayloadError
 from django_venturi.registry import TaskSpec, UnknownKind, registry
 from django_venturi.states import LIVE_STATES, Priority, State
@@ -210,6 +210,8 @@ def decide(spec: TaskSpec, instance: object, existing: Existing[Any]) -> Merge:
         not isinstance(decision.run_at, datetime) or timezone.is_naive(decision.run_at)
     ):
         raise ValueError(f"{where}: run_at must be a timezone-aware datetime")
+    if decision.run_at is not None:
+        check_representable(decision.run_at, f"{where}: run_at")
     if decision.priority is not None and decision.priority not in Priority.values:
         raise ValueError(f"{where}: priority must be a venturi.Priority")
     return decision

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from django_venturi import statements
 from django_venturi.backoff import MAX_DELAY
+from django_venturi.clock import check_representable
 from django_venturi.conf import venturi_settings
 from django_venturi.dedup import key_of
 from django_venturi.models import Job
@@ -146,6 +147,8 @@ def prepare(
         raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
     if run_at is not None and timezone.is_naive(run_at):
         raise ValueError("run_at must be timezone-aware (use django.utils.timezone)")
+    if run_at is not None:
+        check_representable(run_at, "run_at")
     chosen_queue = queue or spec.queue or venturi_settings.DEFAULT_QUEUE
     validate_name(chosen_queue, field="queue", max_length=MAX_QUEUE_LENGTH)
     chosen_priority = spec.priority if priority is None else priority

@@ -10,7 +10,9 @@ return such text writes every verdict and exits 0.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import importlib
+import math
 import re
 from datetime import timedelta
 from types import ModuleType
@@ -27,6 +29,7 @@ import django_venturi as venturi
 from django_venturi import text
 from django_venturi.backoff import MAX_DELAY
 from django_venturi.codec import MAX_INT_DIGITS
+from django_venturi.context import Flag
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import RegistrationError
 from django_venturi.verdicts import ErrorInfo
@@ -110,6 +113,29 @@ def test_outcomes_refuse_what_is_not_a_reason_or_a_delay() -> None:
         venturi.Outcome.failed(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="after must be a timedelta or None, got int"):
         venturi.Outcome.retry(after=5)  # type: ignore[arg-type]
+
+
+def test_progress_notes_are_made_storable_and_figures_must_be_json_numbers() -> None:
+    seen: list[dict[str, Any]] = []
+    ctx = venturi.Context(
+        job_id=1,
+        attempt=1,
+        carry=None,
+        enqueued_at=timezone.now(),
+        database="default",
+        stop=Flag(),
+        lease_lost=Flag(),
+        heartbeat=lambda: True,
+        on_progress=seen.append,
+    )
+    ctx.progress(1, 2, note="a\x00" * 150)
+    assert seen[-1]["note"] == "a\ufffd" * 100 + " [100 unstorable characters replaced with U+FFFD]"
+    for bad in (math.nan, math.inf, 10**5000):
+        with pytest.raises(ValueError, match=r"progress: done (must be a finite number|is an integer)"):
+            ctx.progress(bad)
+        with pytest.raises(ValueError, match="progress: total"):
+            ctx.progress(1, bad)
+    assert len(seen) == 1
 
 
 # ---------------------------------------------------------------- refused at the API
@@ -199,12 +225,17 @@ def test_unstorable_keys_and_bad_queue_names_are_refused(alias: str) -> None:
 
 
 @pytest.mark.django_db(databases=["default", "sqlite"])
-def test_delays_past_the_longest_are_refused(alias: str) -> None:
+def test_delays_and_dates_past_what_can_be_stored_are_refused(alias: str) -> None:
     for delay in (timedelta.max, timedelta.min, MAX_DELAY + timedelta(days=1)):
         with pytest.raises(ValueError, match="delay must be within"):
             Echo().enqueue(delay=delay, using=alias)
     job = Echo().enqueue(delay=MAX_DELAY, using=alias)
     assert job.run_at > timezone.now() + MAX_DELAY - timedelta(days=1)
+    # Stored in UTC, this would be in the year 10000: no query could read the row back.
+    west = dt.timezone(timedelta(hours=-12))
+    with pytest.raises(ValueError, match="outside the years 1 to 9999 in UTC"):
+        Echo().enqueue(run_at=dt.datetime(9999, 12, 31, 23, tzinfo=west), using=alias)
+    assert list(Job.objects.using(alias).values_list("pk", flat=True)) == [job.pk]
 
 
 @pytest.mark.django_db(databases=["default", "sqlite"])
