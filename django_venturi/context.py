@@ -52,7 +52,7 @@ def _check_number(value: object, name: str, expected: str = "a number") -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"progress: {name} must be {expected}, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"progress: {name} must be a finite number, got {value!r}")
+        raise ValueError(f"progress: {name} must be finite, got {value!r}")
     problem = int_problem(value) if isinstance(value, int) else None
     if problem:
         raise ValueError(f"progress: {name} {problem}")

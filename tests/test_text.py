@@ -131,7 +131,7 @@ def test_progress_notes_are_made_storable_and_figures_must_be_json_numbers() -> 
     ctx.progress(1, 2, note="a\x00" * 150)
     assert seen[-1]["note"] == "a\ufffd" * 100 + " [100 unstorable characters replaced with U+FFFD]"
     for bad in (math.nan, math.inf, 10**5000):
-        with pytest.raises(ValueError, match=r"progress: done (must be a finite number|is an integer)"):
+        with pytest.raises(ValueError, match=r"progress: done (must be finite|is an integer)"):
             ctx.progress(bad)
         with pytest.raises(ValueError, match="progress: total"):
             ctx.progress(1, bad)
