@@ -392,3 +392,14 @@ def test_the_admin_shows_hostile_text_escaped(admin_client: Client, workers: Wor
     assert page.status_code == 200
     assert "<script>alert" not in page.content.decode()
     assert escaped in page.content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("parameter", ["kind", "queue", "state", "q", "a\x00"])
+@pytest.mark.parametrize("page", ["job", "journalentry"])
+def test_admin_lists_refuse_filters_holding_a_nul_like_any_bad_lookup(
+    admin_client: Client, parameter: str, page: str
+) -> None:
+    listing = reverse(f"admin:django_venturi_{page}_changelist")
+    response = admin_client.get(listing, {parameter: "a\x00b"})
+    assert (response.status_code, response["Location"]) == (302, f"{listing}?e=1")
