@@ -8,7 +8,6 @@ fits its class (the class changed since enqueue) is a clear, permanent failure.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import decimal
@@ -17,7 +16,7 @@ import functools
 import types
 import typing
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django_venturi import text
@@ -52,8 +51,10 @@ def encode(instance: object) -> dict[str, Any]:
     `django_venturi.text`; a NUL character or a surrogate is refused.
     """
     cls = type(instance)
-    with nesting_checked(cls.__name__):
+    try:
         return _encode_dataclass(instance, cls, cls.__name__)
+    except RecursionError:
+        raise too_deep(cls.__name__) from None
 
 
 def int_problem(value: int) -> str | None:
@@ -63,13 +64,9 @@ def int_problem(value: int) -> str | None:
     return f"is an integer of more than {MAX_INT_DIGITS} digits, which JSON cannot hold"
 
 
-@contextlib.contextmanager
-def nesting_checked(path: str) -> Iterator[None]:
-    """Turn a RecursionError of the block (a value nested thousands deep) into a PayloadError."""
-    try:
-        yield
-    except RecursionError:
-        raise UnstorableValue(path, "is nested too deeply to store as JSON") from None
+def too_deep(path: str) -> UnstorableValue:
+    """The error for a value whose encoding hit Python's recursion limit."""
+    return UnstorableValue(path, "is nested too deeply to store as JSON")
 
 
 def decode(cls: type[T], data: Any) -> T:
@@ -79,8 +76,10 @@ def decode(cls: type[T], data: Any) -> T:
 
 def encode_value(value: Any, hint: Any, path: str) -> Any:
     """Encode one value of type `hint` (used for carries and nested fields)."""
-    with nesting_checked(path):
+    try:
         return _encode(value, hint, path)
+    except RecursionError:
+        raise too_deep(path) from None
 
 
 def decode_value(hint: Any, data: Any, path: str) -> Any:
@@ -299,6 +298,15 @@ def _encode_str(value: str, path: str) -> str:
     return value
 
 
+def _encode_str_field(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise PayloadError(path, f"expected str, got {_describe(value)}")
+    # The usual case in two fast checks; otherwise the full one (and str subclasses become str).
+    if value.isascii() and "\x00" not in value and type(value) is str:
+        return value
+    return _encode_str(str(value), path)
+
+
 def _encode_int(value: int, path: str) -> int:
     problem = int_problem(value)
     if problem:
@@ -339,7 +347,7 @@ def _timedelta_to_json(value: dt.timedelta) -> int:
 
 
 _SCALAR_ENCODERS: dict[type, Callable[[Any, str], Any]] = {
-    str: _checked(str, str, _encode_str),
+    str: _encode_str_field,
     int: _checked(int, int, _encode_int),
     bool: _checked(bool, bool),
     float: _encode_float,

@@ -29,7 +29,7 @@ from django.dispatch import Signal
 from django.utils.dateparse import parse_datetime
 
 from django_venturi import text
-from django_venturi.codec import UnstorableValue, int_problem, nesting_checked
+from django_venturi.codec import UnstorableValue, int_problem, too_deep
 from django_venturi.registry import TASKS_KIND_PREFIX
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 
@@ -172,8 +172,10 @@ def check_json(value: Any, where: str) -> Any:
     that the database cannot store (NUL, surrogates: see `django_venturi.text`).
     UTF-8 bytes become text, as Django's own `TaskResult` makes them.
     """
-    with nesting_checked(where):
+    try:
         return _check_json(value, where)
+    except RecursionError:
+        raise too_deep(where) from None
 
 
 def _check_json(value: Any, where: str) -> Any:
