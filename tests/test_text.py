@@ -22,7 +22,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import django_venturi as venturi
@@ -58,8 +58,11 @@ def stored(sample: str, limit: int | None = None) -> str:
 
 # ---------------------------------------------------------------- the text module
 
+ANY_CHARACTER = st.one_of(st.characters(), st.characters(categories=["Cs"]), st.just("\x00"))
+"""Any code point, surrogates and NUL included (Hypothesis leaves surrogates out by default)."""
 
-@given(st.text(alphabet=st.characters(codec=None, exclude_categories=())))
+
+@given(st.text(alphabet=ANY_CHARACTER))
 def test_storable_text_always_encodes_and_keeps_storable_text_as_is(value: str) -> None:
     result = text.storable(value)
     result.encode("utf-8")  # no surrogate left
@@ -247,6 +250,19 @@ def test_storable_hostile_text_is_stored_as_given(alias: str) -> None:
         "value": {value: value for value in values}
     }
     assert [Job.objects.using(alias).get(pk=job.pk).payload["value"] for job in many] == values
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.text(alphabet=ANY_CHARACTER))
+def test_any_text_is_refused_or_stored_and_read_back_as_given(alias: str, value: str) -> None:
+    try:
+        job = Echo(value={"text": value, value: 1}).enqueue(using=alias)
+    except venturi.PayloadError as error:
+        assert text.problem(value) is not None
+        assert "cannot store" in str(error)
+        return
+    assert Job.objects.using(alias).get(pk=job.pk).payload == {"value": {"text": value, value: 1}}
 
 
 # ---------------------------------------------------------------- a worker meets it all
