@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
@@ -36,7 +37,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_venturi import registration
+from django_venturi import registration, text
 from django_venturi.cancel import cancel
 from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job, JournalEntry
@@ -64,6 +65,17 @@ CHART_HEIGHT = 120
 
 
 # ---------------------------------------------------------------- the job list
+
+
+def refuse_unstorable_parameters(request: HttpRequest) -> None:
+    """A filter or search holding a NUL character would make PostgreSQL fail the page.
+
+    Raise Django's `IncorrectLookupParameters` instead: the admin then shows the
+    list without parameters, as it does for any lookup it cannot apply.
+    """
+    for key, values in request.GET.lists():
+        if any(text.problem(value) for value in [key, *values]):
+            raise IncorrectLookupParameters("a parameter holds a character the database refuses")
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -473,6 +485,10 @@ class JobAdmin(JobAdminBase):
         """Jobs live in `VENTURI["DATABASE"]`, which need not be `default`."""
         return super().get_queryset(request).using(venturi_settings.DATABASE)
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        refuse_unstorable_parameters(request)
+        return super().get_changelist_instance(request)
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
@@ -818,6 +834,10 @@ class JournalEntryAdmin(JournalEntryAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
         return super().get_queryset(request).using(venturi_settings.DATABASE)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        refuse_unstorable_parameters(request)
+        return super().get_changelist_instance(request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -26,6 +26,7 @@ from django_venturi.claim import ClaimedJob
 from django_venturi.reconnect import closing_broken_on_error
 from django_venturi.registry import TASKS_KIND_PREFIX
 from django_venturi.states import JournalOutcome, State
+from django_venturi.text import text_of
 from django_venturi.verdicts import ErrorInfo, Verdict
 
 if TYPE_CHECKING:
@@ -141,8 +142,8 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
             )
     except Exception as error:
         if not isinstance(error, frameworks.UnrunnableTask):
-            error = frameworks.UnrunnableTask(f"{type(error).__name__}: {error}")
-        return verdicts.failed(job, ErrorInfo.from_reason(str(error), type=_path(error)))
+            error = frameworks.UnrunnableTask(f"{type(error).__name__}: {text_of(error)}")
+        return verdicts.failed(job, ErrorInfo.from_reason(text_of(error), type=_path(error)))
     facts = frameworks.JobFacts(
         id=job.id,
         state=State.RUNNING,
@@ -162,7 +163,7 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
 def _succeeded(run: TasksRun, value: Any) -> Verdict:
     try:
         stored = frameworks.check_json(value, "the return value")
-    except (TypeError, ValueError) as error:
+    except Exception as error:  # a PayloadError, or whatever the value's own methods raised
         return _failed(run, error)
     verdict = verdicts.completed(run.execution.job)
     return dataclasses.replace(

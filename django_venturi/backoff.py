@@ -8,6 +8,14 @@ from datetime import timedelta
 
 JITTER = 0.1
 """Delays are spread over +/- 10 % of their nominal value."""
+MAX_DELAY = timedelta(days=36_525)
+"""The longest wait before a job runs again (100 years): longer ones are cut to it.
+
+`now() + delay` must stay a date both PostgreSQL and Python can hold (Python's
+end at year 9999), whatever a task's backoff `cap` or a handler's `after=` says.
+"""
+
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def fibonacci(n: int) -> int:
@@ -16,6 +24,23 @@ def fibonacci(n: int) -> int:
     for _ in range(max(n, 0)):
         previous, current = current, previous + current
     return previous
+
+
+def fibonacci_at_most(n: int, limit: int) -> int:
+    """Return min(fib(n), limit + 1): stops as soon as fib passes `limit`, whatever `n` is."""
+    previous, current = 0, 1
+    for _ in range(max(n, 0)):
+        if previous > limit:
+            return limit + 1
+        previous, current = current, previous + current
+    return min(previous, limit + 1)
+
+
+def clamp_delay(delay: timedelta | None) -> timedelta:
+    """`delay` within [0, MAX_DELAY]: None and negative delays are 0 (run at once)."""
+    if delay is None or delay < timedelta(0):
+        return timedelta(0)
+    return min(delay, MAX_DELAY)
 
 
 def jitter_fraction(job_id: int, attempt: int) -> float:
@@ -34,13 +59,29 @@ class Fibonacci:
     """No delay is longer than this."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.base, timedelta) or not isinstance(self.cap, timedelta):
+            raise TypeError("Fibonacci.base and Fibonacci.cap must be timedeltas")
         if self.base < timedelta(0):
             raise ValueError("Fibonacci.base must not be negative")
         if self.cap < self.base:
             raise ValueError("Fibonacci.cap must be at least Fibonacci.base")
 
+    def nominal(self, failures: int) -> timedelta:
+        """The delay after `failures` failures before jitter: `base * fib(failures)`, capped.
+
+        Computed in whole microseconds and compared with the cap before it can
+        grow past it, so no number of failures overflows a `timedelta`.
+        """
+        base = self.base // _MICROSECOND
+        cap = self.cap // _MICROSECOND
+        if base == 0:
+            return timedelta(0)
+        factor = fibonacci_at_most(max(failures, 1), cap // base)
+        return timedelta(microseconds=min(base * factor, cap))
+
     def delay(self, *, job_id: int, failures: int) -> timedelta:
         """Return how long to wait before the next run after `failures` failures."""
-        nominal = min(self.base * fibonacci(max(failures, 1)), self.cap)
+        nominal = self.nominal(failures) // _MICROSECOND
         spread = 1 - JITTER + 2 * JITTER * jitter_fraction(job_id, failures)
-        return min(nominal * spread, self.cap)
+        cap = self.cap // _MICROSECOND
+        return timedelta(microseconds=min(round(nominal * spread), cap))

@@ -8,7 +8,7 @@ clock for every process anyway.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connections
 from django.db.models.functions import Now
@@ -37,3 +37,17 @@ def database_time(alias: str, *, statement: bool = False) -> datetime:
         row = cursor.fetchone()
     assert row is not None and isinstance(row[0], datetime)
     return row[0]
+
+
+def check_representable(value: datetime, name: str) -> None:
+    """Refuse an aware datetime that is outside the years 1 to 9999 once in UTC.
+
+    The database stores it in UTC; Python could not read such a row back, so
+    every query that loads it (the admin, `history()`) would fail.
+    """
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            f"{name} {value.isoformat()} is outside the years 1 to 9999 in UTC"
+        ) from None

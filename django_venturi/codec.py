@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django_venturi import text
+
 T = TypeVar("T")
 
 JSON = dict[str, Any] | list[Any] | str | int | float | bool | None
@@ -32,10 +34,39 @@ class PayloadError(ValueError):
         self.path = path
 
 
+MAX_INT_DIGITS = 4300
+"""The longest integer a payload may hold: Python's default `int` <-> `str` limit,
+past which the json module can neither write nor read it."""
+_INT_BOUND = 10**MAX_INT_DIGITS
+
+
+class UnstorableValue(PayloadError):
+    """A value of the right type that the database cannot store (NUL, surrogate, huge int)."""
+
+
 def encode(instance: object) -> dict[str, Any]:
-    """Turn a dataclass instance into a JSON object, checking every field."""
+    """Turn a dataclass instance into a JSON object, checking every field.
+
+    Strings (and dict keys) must be text the database can store: see
+    `django_venturi.text`; a NUL character or a surrogate is refused.
+    """
     cls = type(instance)
-    return _encode_dataclass(instance, cls, cls.__name__)
+    try:
+        return _encode_dataclass(instance, cls, cls.__name__)
+    except RecursionError:
+        raise too_deep(cls.__name__) from None
+
+
+def int_problem(value: int) -> str | None:
+    """Describe why JSON cannot hold the integer `value` here, or None."""
+    if value.bit_length() < 14_000 or -_INT_BOUND < value < _INT_BOUND:
+        return None
+    return f"is an integer of more than {MAX_INT_DIGITS} digits, which JSON cannot hold"
+
+
+def too_deep(path: str) -> UnstorableValue:
+    """The error for a value whose encoding hit Python's recursion limit."""
+    return UnstorableValue(path, "is nested too deeply to store as JSON")
 
 
 def decode(cls: type[T], data: Any) -> T:
@@ -45,7 +76,10 @@ def decode(cls: type[T], data: Any) -> T:
 
 def encode_value(value: Any, hint: Any, path: str) -> Any:
     """Encode one value of type `hint` (used for carries and nested fields)."""
-    return _encode(value, hint, path)
+    try:
+        return _encode(value, hint, path)
+    except RecursionError:
+        raise too_deep(path) from None
 
 
 def decode_value(hint: Any, data: Any, path: str) -> Any:
@@ -126,8 +160,8 @@ def _masked_nested(cls: type, value: Any) -> Any:
 
 
 def _hide_secret(cls: type, name: str, error: PayloadError) -> PayloadError:
-    if name not in _secret_fields(cls):
-        return error
+    if name not in _secret_fields(cls) or isinstance(error, UnstorableValue):
+        return error  # an unstorable value's message does not show the value
     return PayloadError(error.path, "does not fit its declared type (secret field: value hidden)")
 
 
@@ -164,7 +198,7 @@ def _encode(value: Any, hint: Any, path: str) -> Any:
     if origin is typing.Literal:
         if value not in typing.get_args(hint):
             raise PayloadError(path, f"expected one of {typing.get_args(hint)!r}, got {value!r}")
-        return value
+        return _encode_any(value, path) if isinstance(value, str) else value
     if origin in (list, tuple, dict) or hint in (list, tuple, dict):
         return _encode_container(value, hint, path)
     if isinstance(hint, type):
@@ -190,6 +224,8 @@ def _encode_union(value: Any, options: tuple[Any, ...], path: str) -> Any:
     for index, option in enumerate(concrete):
         try:
             return {"__union__": index, "value": _encode(value, option, path)}
+        except UnstorableValue:
+            raise  # the right type, but not storable: no other option makes it so
         except PayloadError:
             continue
     names = " | ".join(_type_name(option) for option in options)
@@ -205,9 +241,7 @@ def _encode_container(value: Any, hint: Any, path: str) -> Any:
         key_hint, value_hint = args or (str, Any)
         if key_hint is not str:
             raise PayloadError(path, "dict keys must be str in payloads")
-        for key in value:
-            if not isinstance(key, str):
-                raise PayloadError(f"{path}[{key!r}]", "dict keys must be str")
+        _check_keys(value, path)
         return {key: _encode(item, value_hint, f"{path}[{key!r}]") for key, item in value.items()}
     if origin is list:
         if not isinstance(value, list):
@@ -232,18 +266,52 @@ def _tuple_items(value: Any, args: tuple[Any, ...], path: str) -> list[tuple[int
 
 def _encode_any(value: Any, path: str) -> Any:
     """Untyped values (Any, bare list/dict items) must already be plain JSON."""
-    if value is None or isinstance(value, str | bool | int):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return _encode_str(value, path)
+    if isinstance(value, int):
+        return _encode_int(value, path)
     if isinstance(value, float):
         return _encode_float(value, path)
     if isinstance(value, list | tuple):
         return [_encode_any(item, f"{path}[{i}]") for i, item in enumerate(value)]
     if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise PayloadError(f"{path}[{key!r}]", "dict keys must be str")
+        _check_keys(value, path)
         return {key: _encode_any(item, f"{path}[{key!r}]") for key, item in value.items()}
     raise PayloadError(path, f"{_describe(value)} is not JSON; give the field a precise type")
+
+
+def _check_keys(value: dict[Any, Any], path: str) -> None:
+    for key in value:
+        if not isinstance(key, str):
+            raise PayloadError(f"{path}[{key!r}]", "dict keys must be str")
+        problem = text.problem(key)
+        if problem:
+            raise UnstorableValue(f"{path}[{key!r}]", f"the key {problem}")
+
+
+def _encode_str(value: str, path: str) -> str:
+    problem = text.problem(value)
+    if problem:
+        raise UnstorableValue(path, problem)
+    return value
+
+
+def _encode_str_field(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise PayloadError(path, f"expected str, got {_describe(value)}")
+    # The usual case in two fast checks; otherwise the full one (and str subclasses become str).
+    if value.isascii() and "\x00" not in value and type(value) is str:
+        return value
+    return _encode_str(str(value), path)
+
+
+def _encode_int(value: int, path: str) -> int:
+    problem = int_problem(value)
+    if problem:
+        raise UnstorableValue(path, problem)
+    return value
 
 
 def _encode_float(value: Any, path: str) -> float:
@@ -255,14 +323,21 @@ def _encode_float(value: Any, path: str) -> float:
     return result
 
 
-def _checked(kind: type, convert: Callable[[Any], Any]) -> Callable[[Any, str], Any]:
+def _checked(
+    kind: type,
+    convert: Callable[[Any], Any],
+    storable: Callable[[Any, str], Any] | None = None,
+) -> Callable[[Any, str], Any]:
+    """An encoder of `kind`: type check, `convert`, then `storable`'s check if given."""
+
     def encode_scalar(value: Any, path: str) -> Any:
         # bool is an int subclass, and datetime a date subclass: neither may pass for the other.
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise PayloadError(path, f"expected {kind.__name__}, got {_describe(value)}")
         if kind is dt.date and isinstance(value, dt.datetime):
             raise PayloadError(path, "expected date, got datetime")
-        return convert(value)
+        converted = convert(value)
+        return converted if storable is None else storable(converted, path)
 
     return encode_scalar
 
@@ -272,8 +347,8 @@ def _timedelta_to_json(value: dt.timedelta) -> int:
 
 
 _SCALAR_ENCODERS: dict[type, Callable[[Any, str], Any]] = {
-    str: _checked(str, str),
-    int: _checked(int, int),
+    str: _encode_str_field,
+    int: _checked(int, int, _encode_int),
     bool: _checked(bool, bool),
     float: _encode_float,
     dt.datetime: _checked(dt.datetime, dt.datetime.isoformat),

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.utils import timezone
 
+from django_venturi.codec import int_problem
 from django_venturi.reconnect import closing_broken_on_error
+from django_venturi.text import storable
 
 if TYPE_CHECKING:
     from django_venturi.models import JournalEntry
@@ -42,6 +45,17 @@ class Flag:
 
 
 _NEVER = Flag()
+
+
+def _check_number(value: object, name: str, expected: str = "a number") -> None:
+    """A progress figure must be a number that JSON, and so the database, can hold."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"progress: {name} must be {expected}, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"progress: {name} must be finite, got {value!r}")
+    problem = int_problem(value) if isinstance(value, int) else None
+    if problem:
+        raise ValueError(f"progress: {name} {problem}")
 
 
 class Context:
@@ -115,12 +129,12 @@ class Context:
     def progress(self, done: float, total: float | None = None, note: str = "") -> None:
         """Record how far the run is: cheap, written at most once a second, and with the verdict.
 
-        `done` and `total` are numbers (`total` None when unknown); `note` a short text.
+        `done` and `total` are finite numbers (`total` None when unknown); `note` a short
+        text, cut to 200 characters, with NUL and surrogates replaced (`text.storable`).
         """
-        if isinstance(done, bool) or not isinstance(done, int | float):
-            raise TypeError(f"progress: done must be a number, got {done!r}")
-        if total is not None and (isinstance(total, bool) or not isinstance(total, int | float)):
-            raise TypeError(f"progress: total must be a number or None, got {total!r}")
+        _check_number(done, "done")
+        if total is not None:
+            _check_number(total, "total", "a number or None")
         if not isinstance(note, str):
             raise TypeError(f"progress: note must be a str, got {type(note).__name__}")
         if self._on_progress is not None:
@@ -128,7 +142,7 @@ class Context:
                 {
                     "done": done,
                     "total": total,
-                    "note": note[:PROGRESS_NOTE_LIMIT],
+                    "note": storable(note[:PROGRESS_NOTE_LIMIT]),
                     "at": timezone.now().isoformat(),
                 }
             )

@@ -31,7 +31,9 @@ from django.db.models import Case, F, IntegerField, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_venturi.clock import database_time
+from django_venturi import text
+from django_venturi.clock import check_representable, database_time
+from django_venturi.codec import PayloadError
 from django_venturi.registry import TaskSpec, UnknownKind, registry
 from django_venturi.states import LIVE_STATES, Priority, State
 
@@ -182,6 +184,9 @@ def key_of(spec: TaskSpec, instance: object) -> str | None:
             f"{where} returned a dedup_key of {len(key)} characters ({key[:40]!r}...); "
             f"the limit is {MAX_KEY_LENGTH} (hash long keys)"
         )
+    problem = text.problem(key)
+    if problem:
+        raise PayloadError(where, f"returned a dedup_key that {problem}")
     if not key.isprintable():
         raise ValueError(f"{where} returned a dedup_key with unprintable characters: {key!r}")
     return key
@@ -205,6 +210,8 @@ def decide(spec: TaskSpec, instance: object, existing: Existing[Any]) -> Merge:
         not isinstance(decision.run_at, datetime) or timezone.is_naive(decision.run_at)
     ):
         raise ValueError(f"{where}: run_at must be a timezone-aware datetime")
+    if decision.run_at is not None:
+        check_representable(decision.run_at, f"{where}: run_at")
     if decision.priority is not None and decision.priority not in Priority.values:
         raise ValueError(f"{where}: priority must be a venturi.Priority")
     return decision

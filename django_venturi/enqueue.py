@@ -22,6 +22,8 @@ from django.db.models import NOT_PROVIDED
 from django.utils import timezone
 
 from django_venturi import statements
+from django_venturi.backoff import MAX_DELAY
+from django_venturi.clock import check_representable
 from django_venturi.conf import venturi_settings
 from django_venturi.dedup import key_of
 from django_venturi.models import Job
@@ -139,10 +141,14 @@ def prepare(
         raise ValueError("give delay or run_at, not both")
     if delay is not None and not isinstance(delay, timedelta):
         raise TypeError(f"delay must be a timedelta, got {type(delay).__name__}")
+    if delay is not None and not -MAX_DELAY <= delay <= MAX_DELAY:
+        raise ValueError(f"delay must be within {MAX_DELAY.days} days (MAX_DELAY), got {delay}")
     if run_at is not None and not isinstance(run_at, datetime):
         raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
     if run_at is not None and timezone.is_naive(run_at):
         raise ValueError("run_at must be timezone-aware (use django.utils.timezone)")
+    if run_at is not None:
+        check_representable(run_at, "run_at")
     chosen_queue = queue or spec.queue or venturi_settings.DEFAULT_QUEUE
     validate_name(chosen_queue, field="queue", max_length=MAX_QUEUE_LENGTH)
     chosen_priority = spec.priority if priority is None else priority

@@ -28,6 +28,8 @@ from django.apps import apps
 from django.dispatch import Signal
 from django.utils.dateparse import parse_datetime
 
+from django_venturi import text
+from django_venturi.codec import UnstorableValue, int_problem, too_deep
 from django_venturi.registry import TASKS_KIND_PREFIX
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 
@@ -166,14 +168,29 @@ def check_json(value: Any, where: str) -> Any:
     """Return `value` as plain JSON (tuples become lists), or raise naming what does not fit.
 
     Django requires Task arguments and return values to be JSON; venturi refuses
-    anything that would not read back equal (non-str keys, NaN, other types).
+    anything that would not read back equal (non-str keys, NaN, other types) or
+    that the database cannot store (NUL, surrogates: see `django_venturi.text`).
     UTF-8 bytes become text, as Django's own `TaskResult` makes them.
     """
-    if value is None or isinstance(value, str | bool | int):
+    try:
+        return _check_json(value, where)
+    except RecursionError:
+        raise too_deep(where) from None
+
+
+def _check_json(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int):
+        problem = int_problem(value)
+        if problem:
+            raise UnstorableValue(where, problem)
+        return value
+    if isinstance(value, str):
+        return _storable_text(value, where)
     if isinstance(value, bytes):
         try:
-            return value.decode()
+            return _storable_text(value.decode(), where)
         except UnicodeDecodeError:
             raise ValueError(f"{where} is bytes that are not UTF-8 text") from None
     if isinstance(value, float):
@@ -187,14 +204,24 @@ def check_json(value: Any, where: str) -> Any:
                 raise TypeError(
                     f"{where} has the key {key!r} ({type(key).__name__}); JSON keys must be str"
                 )
-            checked[key] = check_json(item, f"{where}[{key!r}]")
+            problem = text.problem(key)
+            if problem:
+                raise UnstorableValue(f"{where}[{key!r}]", f"the key {problem}")
+            checked[key] = _check_json(item, f"{where}[{key!r}]")
         return checked
     if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
-        return [check_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return [_check_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
     raise TypeError(
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
         "JSON-serialisable (Django Tasks take str, int, float, bool, None, list and dict)"
     )
+
+
+def _storable_text(value: str, where: str) -> str:
+    problem = text.problem(value)
+    if problem:
+        raise UnstorableValue(where, problem)
+    return value
 
 
 def envelope(

@@ -26,9 +26,19 @@ class Outcome:
     carry: Any = None
     """The checkpoint handed to the next run (paused only)."""
     after: timedelta | None = None
-    """How long to wait before the next run (paused and retry)."""
+    """How long to wait before the next run (paused and retry); cut to `MAX_DELAY` (100 years)."""
     reason: str = ""
-    """Why the job failed (failed only)."""
+    """Why the job failed (failed only). Characters PostgreSQL cannot store (NUL,
+    surrogates) are replaced when the journal records it: see `django_venturi.text`."""
+
+    def __post_init__(self) -> None:
+        if self.after is not None and not isinstance(self.after, timedelta):
+            kind = type(self.after).__name__
+            raise TypeError(f"Outcome: after must be a timedelta or None, got {kind}")
+        if not isinstance(self.reason, str):
+            raise TypeError(
+                f"Outcome.failed: reason must be a str, got {type(self.reason).__name__}"
+            )
 
     @classmethod
     def completed(cls) -> Outcome:

@@ -14,7 +14,8 @@ from django_venturi import codec
 from django_venturi.backoff import Fibonacci
 from django_venturi.states import Priority
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
+"""What a kind or queue name is made of; the whole name must match (`fullmatch`)."""
 MAX_KIND_LENGTH = 200
 MAX_QUEUE_LENGTH = 100
 TASKS_KIND_PREFIX = "tasks:"
@@ -36,7 +37,7 @@ def validate_name(value: object, *, field: str, max_length: int) -> str:
         raise ValueError(f"{field} must be a str, got {type(value).__name__}")
     if len(value) > max_length:
         raise ValueError(f"{field} {value[:40]!r}... is longer than {max_length} characters")
-    if not NAME_PATTERN.match(value):
+    if not NAME_PATTERN.fullmatch(value):
         raise ValueError(
             f"{field} {value!r} may contain only letters, digits and _ . : - "
             "(and must not start with a punctuation mark)"

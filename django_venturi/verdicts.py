@@ -11,7 +11,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django_venturi.backoff import Fibonacci
+from django_venturi import text
+from django_venturi.backoff import Fibonacci, clamp_delay
 from django_venturi.claim import ClaimedJob
 from django_venturi.conf import venturi_settings
 from django_venturi.outcomes import Outcome, OutcomeKind, TaskError
@@ -20,35 +21,57 @@ from django_venturi.states import JournalOutcome, State
 
 ERROR_MESSAGE_LIMIT = 2000
 TRACEBACK_LIMIT = 20_000
+ERROR_TYPE_LIMIT = 300
+"""The length of `JournalEntry.error_type`."""
 GAVE_UP_SEPARATOR = "; last error: "
 """Between why a job gave up and its last run's error, in the job's `last_error`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ErrorInfo:
-    """An error as the journal stores it."""
+    """An error as the journal stores it: always text the database can store.
+
+    However it is built, its fields are made storable (`text.storable`): NUL
+    and surrogates become U+FFFD with a note, and the type is cut to its column.
+    """
 
     type: str = ""
     message: str = ""
     traceback: str = ""
 
+    def __post_init__(self) -> None:
+        # Frozen: set through object. Text that is already storable is kept as is.
+        object.__setattr__(self, "type", text.storable_name(_as_text(self.type), ERROR_TYPE_LIMIT))
+        object.__setattr__(self, "message", text.storable(_as_text(self.message)))
+        object.__setattr__(self, "traceback", text.storable(_as_text(self.traceback)))
+
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorInfo:
-        kind = type(error)
-        text = "".join(traceback_module.format_exception(error))
+        """The error of a raised exception, even one whose `__str__` or traceback fails."""
         return cls(
-            type=f"{kind.__module__}.{kind.__qualname__}",
-            message=str(error)[:ERROR_MESSAGE_LIMIT],
-            traceback=text[-TRACEBACK_LIMIT:],
+            type=text.type_name(type(error)),
+            message=text.text_of(error)[:ERROR_MESSAGE_LIMIT],
+            traceback=_formatted_traceback(error)[-TRACEBACK_LIMIT:],
         )
 
     @classmethod
     def from_reason(cls, reason: str, type: str = "") -> ErrorInfo:
-        return cls(type=type, message=reason[:ERROR_MESSAGE_LIMIT])
+        return cls(type=type, message=_as_text(reason)[:ERROR_MESSAGE_LIMIT])
 
     def summary(self) -> str:
         name = self.type.rpartition(".")[2]
         return f"{name}: {self.message}" if name else self.message
+
+
+def _as_text(value: object) -> str:
+    return value if isinstance(value, str) else text.text_of(value)
+
+
+def _formatted_traceback(error: BaseException) -> str:
+    try:
+        return "".join(traceback_module.format_exception(error))
+    except BaseException as failure:  # formatting runs user code (__str__, __notes__)
+        return f"(the traceback could not be formatted: {text.type_name(type(failure))})"
 
 
 NO_ERROR = ErrorInfo()
@@ -135,7 +158,9 @@ def retry(
         )
     backoff = spec.backoff if spec is not None else Fibonacci()
     delay = after if after is not None else backoff.delay(job_id=job.id, failures=failures)
-    return Verdict(job, outcome, State.READY, delay=delay, failed_run=True, error=error)
+    return Verdict(
+        job, outcome, State.READY, delay=clamp_delay(delay), failed_run=True, error=error
+    )
 
 
 def gives_up(job: ClaimedJob, spec: TaskSpec | None, failures: int) -> str:
@@ -169,13 +194,13 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
     if result.kind is OutcomeKind.PAUSED:
         try:
             carry = spec.encode_carry(result.carry)
-        except ValueError as error:
+        except Exception as error:  # a PayloadError, or whatever encoding user types raised
             return failed(job, ErrorInfo.from_exception(error))
         return Verdict(
             job,
             JournalOutcome.PAUSED,
             State.READY,
-            delay=result.after or timedelta(0),
+            delay=clamp_delay(result.after),
             set_carry=True,
             carry=carry,
         )

@@ -115,6 +115,7 @@ VENTURI = {
         "tests.testapp.dedup_tasks",
         "tests.testapp.control_tasks",
         "tests.testapp.hardening_tasks",
+        "tests.testapp.text_tasks",
         *DOCS_EXAMPLE_TASK_MODULES,
     ],
     "POLL_INTERVAL": 0.2,

@@ -14,6 +14,7 @@ from django_tasks import TaskContext, task
 from django_tasks.signals import task_enqueued, task_finished, task_started
 
 from tests.testapp.task_signals import connect_recorders, record_order
+from tests.testapp.text_tasks import SAMPLES
 
 FRAMEWORK = "django_tasks"
 connect_recorders(FRAMEWORK, task_enqueued, task_started, task_finished)
@@ -92,3 +93,9 @@ def ordered(context: TaskContext, name: str) -> str:
 @task(queue_name="emails")
 def on_emails(address: str) -> str:
     return address
+
+
+@task
+def returns_sample(sample: str) -> str:
+    """Return hostile text (tests/test_text.py): stored, or refused as a failure."""
+    return SAMPLES[sample]
