@@ -34,7 +34,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_venturi import backend_runner, registration, telemetry, verdicts
+from django_venturi import backend_runner, registration, telemetry, text, verdicts
 from django_venturi.cancel import cancel_channel
 from django_venturi.claim import ClaimedJob
 from django_venturi.claimer import Claimer
@@ -58,6 +58,19 @@ logger = logging.getLogger("django_venturi.worker")
 
 class WorkerFailed(RuntimeError):
     """A part of the worker could not go on: it released what it held and stopped."""
+
+
+MAX_NAME_LENGTH = 200
+"""The longest worker name (`Job.claimed_by`, `JournalEntry.worker`)."""
+
+
+def _check_name(name: str) -> None:
+    """A worker's name goes into every row it writes: refuse one the database cannot store."""
+    trouble = text.problem(name)
+    if trouble is None and len(name) > MAX_NAME_LENGTH:
+        trouble = f"is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
+    if trouble is not None:
+        raise ValueError(f"Worker(name=...) {trouble}: {name[:40]!r}")
 
 
 class Worker:
@@ -90,6 +103,7 @@ class Worker:
         self.database = database or venturi_settings.DATABASE
         self.batch_size = batch_size or venturi_settings.BATCH_SIZE
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        _check_name(self.name)
         self.heartbeat_interval = self._heartbeat_interval()
 
         self._stop = threading.Event()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
 from django_venturi.claim import ClaimedJob
@@ -73,3 +75,11 @@ def test_runs_are_found_by_job_for_a_cancel_request() -> None:
         runs.add(execution)
     assert set(map(id, runs.held_by_job([3]))) == {id(first), id(second)}
     assert runs.held_kinds() == {"tests.noop": 3}
+
+
+def test_a_worker_name_the_database_cannot_store_is_refused() -> None:
+    from django_venturi.worker import Worker
+
+    for name, says in (("w\x00", "NUL"), ("w" * 201, "201 characters"), ("\udc80", "U+DC80")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            Worker(name=name)
