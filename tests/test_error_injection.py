@@ -50,12 +50,12 @@ from tests.conftest import ROOT, Workers, worker_env
 from tests.database import postgres_url
 from tests.injection import (
     ERRORS,
-    MESSAGES,
     PLACES,
     UNCAUGHT,
     DeadlockPartner,
     Injection,
     LockHolder,
+    names,
     statement_timeout_url,
 )
 from tests.testapp.injection_tasks import Injected
@@ -383,7 +383,7 @@ class Case:
         phase.running_after = running()
         log = self.workers.log(index)
         phase.uncaught = [line for line in log.splitlines() if line.startswith(UNCAUGHT)]
-        phase.names_the_error = MESSAGES[self.error] in log
+        phase.names_the_error = names(self.error, log)
         return phase
 
     def run(self) -> None:
