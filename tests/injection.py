@@ -58,7 +58,13 @@ NAMES = {
         "57014",
         "QueryCanceled",
     ),
-    "connection": ("terminating connection due to administrator command", "57P01", "AdminShutdown"),
+    "connection": (
+        "terminating connection due to administrator command",
+        "57P01",
+        "AdminShutdown",
+        # What libpq says of a connection terminated while idle (the listener's).
+        "server closed the connection unexpectedly",
+    ),
 }
 """How a log can name each error: PostgreSQL's message, its SQLSTATE, or its class
 (Django's for data and integrity errors, psycopg's for the others)."""

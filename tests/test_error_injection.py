@@ -10,11 +10,11 @@ Then one of two things must have happened:
 - the worker went on: every job completed, including a few enqueued after the
   injection fired (so the worker still works afterwards), and SIGTERM stops it
   with exit code 0; or
-- the worker exited by itself, non-zero, with a log that names the database
-  error and no exception that nothing caught, leaving no job `running`; then a
+- the worker exited by itself, non-zero, leaving no job `running`; then a
   fresh worker completes every job.
 
-Either way no thread may die of an uncaught exception, no job may be lost, each
+Either way its log names the database error (an error nobody hears of is a
+silent failure), no thread may die of an uncaught exception, no job may be lost, each
 job completes exactly once (one `completed` journal entry), and the worker never
 hangs: each phase has a deadline. Only public behaviour is looked at: exit
 codes, job rows, the journal and the log. Leases that lapsed are counted and
@@ -249,6 +249,8 @@ class Phase:
     """Exit code; None if it did not exit within STOP_DEADLINE of SIGTERM (then killed)."""
     left_unfinished: Counter[str] = dataclasses.field(default_factory=Counter)
     """States of the unfinished jobs when the phase ended (not `done`)."""
+    tick_missing: bool = False
+    """The periodic tick's job did not exist when the phase ended."""
     running_after: int = 0
     """Jobs `running` once the process was gone."""
     uncaught: list[str] = dataclasses.field(default_factory=list)
@@ -337,19 +339,28 @@ class Case:
             return False
         return unfinished(self.old) == 0
 
-    def watch(self, process: subprocess.Popen[bytes], deadline: float, *, injected: bool) -> str:
-        """Until every job is finished (and, injected, the place was reached), or the
-        process exits, or the deadline passes."""
+    def count_reached(self) -> None:
+        self.reached = len(self.killed) if self.place == "listener" else self.injection.reached()
+
+    def heard_of(self, index: int) -> bool:
+        """Whether the place was reached and worker `index` logged the error it met (the
+        statement fails some time after it reached the trigger: a timeout's time)."""
+        enough = self.reached >= (TIMES if self.place == "listener" else 1)
+        return enough and names(self.error, self.workers.log(index))
+
+    def watch(
+        self, process: subprocess.Popen[bytes], index: int, deadline: float, *, injected: bool
+    ) -> str:
+        """Until every job is finished (and, injected, the error was met and logged), or
+        the process exits, or the deadline passes."""
         while True:
             if process.poll() is not None:
                 return "exited"
-            if injected and self.place == "listener":
-                self.kill_listener()
-            self.reached = (
-                len(self.killed) if self.place == "listener" else self.injection.reached()
-            )
-            enough = self.reached >= (TIMES if self.place == "listener" else 1)
-            if self.backlog_done() and (not injected or enough):
+            if injected:
+                if self.place == "listener":
+                    self.kill_listener()
+                self.count_reached()
+            if self.backlog_done() and (not injected or self.heard_of(index)):
                 if self.after_enqueued or not injected:
                     return "done"
                 self.enqueue(AFTER_JOBS)
@@ -374,12 +385,13 @@ class Case:
         deadline = begun + PHASE_DEADLINE
         if injected:
             deadline += self.scenario.first_reached_after
-        phase = Phase(end=self.watch(process, deadline, injected=injected))
+        phase = Phase(end=self.watch(process, index, deadline, injected=injected))
         phase.seconds = time.monotonic() - begun
         if phase.end != "done":
             phase.left_unfinished = Counter(
                 {state: n for state, n in states(self.old).items() if state not in FINISHED_STATES}
             )
+            phase.tick_missing = self.scenario.periodic and not tick_job_exists()
         if phase.end == "exited":
             phase.rc = process.returncode
         else:
@@ -407,6 +419,7 @@ class Case:
                 self.injection.arm(self.place, self.error, TIMES)
             self.first = self.run_worker(injected=True)
             self.injection.disarm()
+            self.count_reached()
         if not self.backlog_done() or self.first.running_after:
             self.fresh = self.run_worker(injected=False)
         self.take_stock()
@@ -442,12 +455,13 @@ class Case:
         return SHORT_JOBS + self.scenario.long_jobs + after + int(self.scenario.periodic)
 
     def first_worker_acceptable(self) -> bool:
+        """Went on, or exited non-zero by itself; either way it said what went wrong."""
         first = self.first
-        if first.uncaught or first.running_after:
+        if first.uncaught or first.running_after or not first.names_the_error:
             return False
         if first.end == "done":
             return first.rc == 0
-        return first.end == "exited" and first.rc != 0 and first.names_the_error
+        return first.end == "exited" and first.rc != 0
 
     def acceptable(self) -> bool:
         fresh_ok = self.fresh is None or (self.fresh.end == "done" and self.fresh.rc == 0)
@@ -469,19 +483,23 @@ class Case:
             parts.append(f"finished every job in {first.seconds:.1f} s")
         elif first.end == "exited":
             parts.append(f"exited {first.rc} by itself after {first.seconds:.1f} s")
-            if not first.names_the_error and first.rc != 0:
-                parts.append("its log does not name the error")
         elif first.left_unfinished:
             left = ", ".join(f"{n} {state}" for state, n in sorted(first.left_unfinished.items()))
             parts.append(f"HANGS: after {first.seconds:.0f} s still {left}")
-        else:
+        elif self.reached == 0:
+            parts.append(f"after {first.seconds:.0f} s the {self.place} was still not reached")
+        elif first.tick_missing:
             parts.append(f"TICK LOST: after {first.seconds:.0f} s its job was never enqueued")
+        else:
+            parts.append(f"finished every job, waited {first.seconds:.0f} s for the error's log")
         if first.end != "exited":
             parts.append(
                 "SIGTERM: no exit (killed)" if first.rc is None else f"SIGTERM: exit {first.rc}"
             )
         if first.running_after:
             parts.append(f"left {first.running_after} running")
+        if not first.names_the_error:
+            parts.append("its log does not name the error")
         parts.extend(line.removeprefix(UNCAUGHT).strip() for line in first.uncaught)
         if self.fresh is not None:
             fresh = self.fresh
