@@ -22,8 +22,8 @@ described, not asserted: three failing heartbeats in a row can outlast a 2 s
 lease even for a correct worker, and the job then runs again, which
 at-least-once allows.
 
-The whole matrix takes about 4 minutes on a busy 2-core machine when every cell
-passes (a failing cell costs its deadline); `-k verdict` or `-k deadlock` runs a
+The whole matrix takes about 3 minutes on a shared 2-core machine when every
+cell passes (a failing cell costs its deadline); `-k verdict` or `-k deadlock` runs a
 row or a column. With `VENTURI_INJECTION_REPORT=<path>` each case appends its
 description to that file (JSON lines): the matrix of what the worker does.
 """
