@@ -47,16 +47,33 @@ ERRORS = (
     "statement_timeout",
     "connection",
 )
-MESSAGES = {
-    "data": 'invalid byte sequence for encoding "UTF8": 0x00',
-    "integrity": "duplicate key value violates unique constraint",
-    "deadlock": "deadlock detected",
-    "serialization": "could not serialize access",
-    "lock_timeout": "canceling statement due to lock timeout",
-    "statement_timeout": "canceling statement due to statement timeout",
-    "connection": "terminating connection due to administrator command",
+NAMES = {
+    "data": ('invalid byte sequence for encoding "UTF8": 0x00', "22021", "DataError"),
+    "integrity": ("duplicate key value violates unique constraint", "23505", "IntegrityError"),
+    "deadlock": ("deadlock detected", "40P01", "DeadlockDetected"),
+    "serialization": ("could not serialize access", "40001", "SerializationFailure"),
+    "lock_timeout": ("canceling statement due to lock timeout", "55P03", "LockNotAvailable"),
+    "statement_timeout": (
+        "canceling statement due to statement timeout",
+        "57014",
+        "QueryCanceled",
+    ),
+    "connection": (
+        "terminating connection due to administrator command",
+        "57P01",
+        "AdminShutdown",
+        # What libpq says of a connection terminated while idle (the listener's).
+        "server closed the connection unexpectedly",
+    ),
 }
-"""What PostgreSQL says of each error: a log that explains a failure quotes it."""
+"""How a log can name each error: PostgreSQL's message, its SQLSTATE, or its class
+(Django's for data and integrity errors, psycopg's for the others)."""
+
+
+def names(error: str, log: str) -> bool:
+    """Whether `log` names the injected `error` (see NAMES)."""
+    return any(name in log for name in NAMES[error])
+
 
 HELD_KEY = 7301
 """The advisory lock `LockHolder` holds: `lock_timeout` firings wait for it."""
