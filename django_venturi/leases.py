@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from django.db import connections, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, F, OuterRef, QuerySet
 
 from django_venturi import statements, verdicts
 from django_venturi.claim import ClaimedJob, RunKey
@@ -138,12 +138,11 @@ def recover_expired(alias: str, worker: str) -> list[int]:
     A lease that ran out while its worker kept beating is not lost: that worker
     could not extend it because another session held the row locked (a producer
     merging into the job), and extends it as soon as the lock is gone. Only a
-    worker silent since the lease ran out (stopped, killed, paused, cut off from
-    the database) loses its jobs to others; a live worker's own orphans (a claim
-    whose answer the connection lost) are recovered by that worker
-    (`recover_orphans`).
+    worker that went silent (stopped, killed, paused, cut off from the database)
+    loses its jobs to others; a live worker's own orphans (a claim whose answer
+    the connection lost) are recovered by that worker (`recover_orphans`).
     """
-    return _recover(alias, worker, _expired(alias).exclude(Exists(_beat_since_expiry())))
+    return _recover(alias, worker, _expired(alias).exclude(Exists(_beat_before_expiry())))
 
 
 def recover_orphans(alias: str, worker: str, held: Iterable[RunKey]) -> list[int]:
@@ -160,12 +159,18 @@ def _expired(alias: str) -> QuerySet[Job]:
     )
 
 
-def _beat_since_expiry() -> QuerySet[WorkerProcess]:
-    """The job's worker, alive and beating after the job's lease ran out."""
+def _beat_before_expiry() -> QuerySet[WorkerProcess]:
+    """The job's worker, alive: it beat within its grace (two heartbeat intervals) before
+    the job's lease ran out, or later.
+
+    A live worker beats every interval, so whenever a lease of its runs out it has
+    beaten within the grace; a dead one beat last just after it last extended the
+    lease, at least three intervals (the shortest lease it knows) before it ran out.
+    """
     return WorkerProcess.objects.filter(
         name=OuterRef("claimed_by"),
         stopped_at__isnull=True,
-        heartbeat_at__gt=OuterRef("lease_expires_at"),
+        heartbeat_at__gt=OuterRef("lease_expires_at") - F("heartbeat_grace"),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db import models
@@ -183,6 +184,11 @@ class WorkerProcess(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     running = models.PositiveIntegerField(default=0, help_text="Jobs held at the last heartbeat.")
     processed = models.PositiveBigIntegerField(default=0, help_text="Verdicts written so far.")
+    heartbeat_grace = models.DurationField(
+        default=timedelta(0),
+        help_text="Its leases are not recovered while it beat this recently before they ran "
+        "out (two heartbeat intervals).",
+    )
 
     class Meta:
         verbose_name = "worker"

@@ -33,8 +33,20 @@ def is_stale(heartbeat_at: datetime, now: datetime, *, after: timedelta | None =
     return now - heartbeat_at > (stale_after() if after is None else after)
 
 
-def register(alias: str, *, name: str, queues: Sequence[str] | None, concurrency: int) -> None:
-    """Create or reset the row of a starting worker (a reused name starts afresh)."""
+def register(
+    alias: str,
+    *,
+    name: str,
+    queues: Sequence[str] | None,
+    concurrency: int,
+    heartbeat_interval: timedelta = timedelta(0),
+) -> None:
+    """Create or reset the row of a starting worker (a reused name starts afresh).
+
+    `heartbeat_interval`: how often it beats. Its leases are not recovered by
+    others while it beat within two intervals before they ran out
+    (`leases.recover_expired`).
+    """
     from django_venturi.models import (  # at call time: importing the package must not load models
         WorkerProcess,
     )
@@ -52,6 +64,7 @@ def register(alias: str, *, name: str, queues: Sequence[str] | None, concurrency
             "stopped_at": None,
             "running": 0,
             "processed": 0,
+            "heartbeat_grace": heartbeat_interval * 2,
         },
     )
 

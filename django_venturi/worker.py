@@ -298,7 +298,11 @@ class Worker:
 
     def _register(self) -> None:
         registration.register(
-            self.database, name=self.name, queues=self.queues, concurrency=self.concurrency
+            self.database,
+            name=self.name,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            heartbeat_interval=timedelta(seconds=self.heartbeat_interval),
         )
 
     def _on_database_error(self) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -17,7 +18,7 @@ from django.db.models import OuterRef, Subquery
 
 import django_venturi as venturi
 from django_venturi import leases
-from django_venturi.clock import now_expression
+from django_venturi.clock import database_time, now_expression
 from django_venturi.models import Job, JournalEntry, WorkerProcess
 from tests.conftest import Workers, wait_until, worker_env
 from tests.testapp import tasks
@@ -177,20 +178,46 @@ def test_a_service_that_dies_stops_the_worker_non_zero_and_hands_back_its_jobs(
     assert done.count() == len(ids)
 
 
-def test_recovery_leaves_alone_a_lease_whose_worker_beat_after_it_ran_out(
+def test_recovery_leaves_alone_a_lease_that_ran_out_just_after_its_worker_beat(
     workers: Workers,
 ) -> None:
-    """The lease of a running job runs out (as when another session held its row), but
-    its worker beats on: no one recovers it, and the worker extends it again."""
+    """The lease of a running job runs out (as when another session held its row) right
+    after its worker's last beat: the worker is alive (it beat within its grace of two
+    heartbeat intervals), so no one recovers the job, and the worker extends it again."""
     job = tasks.Sleeper(seconds=4, cooperative=False).enqueue(using=ALIAS)
     workers.start(ALIAS)
     wait_until(lambda: runs_of(job.pk), timeout=30)
-    # Its lease ran out just before its worker's last beat.
     beat = WorkerProcess.objects.using(ALIAS).filter(name=OuterRef("claimed_by"))
     Job.objects.using(ALIAS).filter(pk=job.pk).update(
-        lease_expires_at=Subquery(beat.values("heartbeat_at")) - timedelta(milliseconds=1)
+        lease_expires_at=Subquery(beat.values("heartbeat_at")) + timedelta(milliseconds=1)
     )
-    assert Job.objects.using(ALIAS).get(pk=job.pk).lease_expires_at is not None
+    row = Job.objects.using(ALIAS).get(pk=job.pk)
+    assert row.lease_expires_at is not None
     assert leases.recover_expired(ALIAS, "rescuer") == []
     wait_until(lambda: state_of(job.pk) == venturi.State.COMPLETED, timeout=30)
     assert outcomes_of(job.pk) == ["completed"]
+
+
+def test_a_silent_workers_lease_is_recovered_as_soon_as_it_runs_out() -> None:
+    """A worker that last beat more than its grace before its job's lease ran out is
+    gone (killed, paused): its job is recovered, even though its row says `running`."""
+    job = tasks.Noop().enqueue(using=ALIAS)
+    now = database_time(ALIAS)
+    WorkerProcess.objects.using(ALIAS).create(
+        name="silent",
+        host="h",
+        pid=1,
+        concurrency=1,
+        heartbeat_at=now - timedelta(seconds=3),
+        heartbeat_grace=timedelta(seconds=2),
+    )
+    Job.objects.using(ALIAS).filter(pk=job.pk).update(
+        state=venturi.State.RUNNING,
+        attempt=1,
+        claim_token=uuid.uuid4(),
+        claimed_by="silent",
+        started_at=now - timedelta(seconds=5),
+        lease_expires_at=now - timedelta(milliseconds=500),
+    )
+    assert leases.recover_expired(ALIAS, "rescuer") == [job.pk]
+    assert outcomes_of(job.pk) == ["lease_expired"]
