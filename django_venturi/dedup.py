@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django.db import OperationalError, connections, transaction
-from django.db.models import Case, F, IntegerField, Value, When
+from django.db.models import Case, F, IntegerField, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -275,6 +275,8 @@ def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
 _LIVE_SQL = """
 SELECT * FROM {table}
 WHERE kind = %s AND dedup_key = %s AND state IN ('ready', 'running')
+  -- A running job asked to cancel ends cancelled: it covers no new work.
+  AND (state = 'ready' OR cancel_requested_at IS NULL)
 -- The ready job if there is one (a follow-up behind a running job), else the newest running.
 ORDER BY state = 'ready' DESC, id DESC
 LIMIT 1
@@ -285,7 +287,12 @@ FOR UPDATE
 
 
 def _live_first(alias: str, kind: str, key: str) -> Job | None:
-    """The live job a new one clashes with, row-locked: the ready one, else the newest running."""
+    """The live job a new one clashes with, row-locked: the ready one, else the newest running.
+
+    A running job whose cancel was requested is not a candidate: it will end
+    `cancelled` whatever its handler returns, so work merged into it would be lost.
+    The new job queues behind it as a follow-up instead.
+    """
     from django_venturi.models import Job
 
     if connections[alias].vendor == "postgresql":
@@ -298,6 +305,7 @@ def _live_first(alias: str, kind: str, key: str) -> Job | None:
     return (
         Job.objects.using(alias)
         .filter(kind=kind, dedup_key=key, state__in=LIVE_STATES)
+        .exclude(state=State.RUNNING, cancel_requested_at__isnull=False)
         .order_by(ready_first, "-id")
         .first()
     )
@@ -445,23 +453,27 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     keys = sorted({(kind, key) for _, kind, key in keyed if key is not None})
     lock_keys(alias, keys)
     now = database_time(alias)
-    # The jobs whose verdict will apply: still running under the claim token.
+    # The jobs whose verdict will apply and that really go back to `ready`: still
+    # running under the claim token, and not asked to cancel (the write cancels
+    # those instead, so they must not absorb anything).
     locked = {
         job.pk: job
         for job in Job.objects.using(alias)
         .select_for_update()
         .filter(id__in=[job_id for job_id, _, _ in keyed], state=State.RUNNING)
         .order_by("id")
-        if job.claim_token == returning[job.pk].job.claim_token
+        if job.claim_token == returning[job.pk].job.claim_token and job.cancel_requested_at is None
     }
+    # Exactly these (kind, key) pairs: their advisory locks are held, so no producer
+    # holds these rows; a row of another pair could be held by a producer waiting
+    # for one of our keys.
+    of_keys = Q()
+    for kind, key in keys:
+        of_keys |= Q(kind=kind, dedup_key=key)
     ready = (
         Job.objects.using(alias)
         .select_for_update()
-        .filter(
-            state=State.READY,
-            kind__in=sorted({kind for kind, _ in keys}),
-            dedup_key__in=sorted({key for _, key in keys}),
-        )
+        .filter(of_keys, state=State.READY)
         .order_by("id")
     )
     ready_by_key = {(job.kind, job.dedup_key): job for job in ready}
