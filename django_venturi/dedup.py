@@ -257,8 +257,17 @@ def _is_deadlock(error: BaseException) -> bool:
     return getattr(error.__cause__, "sqlstate", None) == "40P01"
 
 
+def _lock_name(kind: str, key: str) -> str:
+    return f"venturi.dedup\x1f{kind}\x1f{key}"
+
+
 def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
-    """Take the advisory locks of these (kind, key) pairs, in a stable order (PostgreSQL)."""
+    """Take the advisory locks of these (kind, key) pairs, in a stable order (PostgreSQL).
+
+    Never call this while holding row locks of jobs: producers take a key's lock
+    before the rows of that key, so waiting here with rows held can deadlock.
+    Such a caller uses `with_keys_locked_now` instead.
+    """
     connection = connections[alias]
     if connection.vendor != "postgresql" or not keys:
         return
@@ -268,8 +277,31 @@ def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
         cursor.execute(
             "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) "
             "FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n)",
-            [sorted(f"venturi.dedup\x1f{kind}\x1f{key}" for kind, key in set(keys))],
+            [sorted(_lock_name(kind, key) for kind, key in set(keys))],
         )
+
+
+def with_keys_locked_now(alias: str, jobs: Sequence[Job]) -> list[Job]:
+    """The `jobs` whose key lock this transaction holds now, taking the free ones without waiting.
+
+    For a caller that already holds the jobs' row locks (lease recovery): it must
+    not wait for a key, since a producer holding that key may be waiting for one
+    of those rows. Jobs without a key are all kept; a job whose key another
+    session holds is left out (its caller leaves it for a later round). Every job
+    is kept on databases other than PostgreSQL, whose transactions serialise.
+    """
+    connection = connections[alias]
+    names = sorted({_lock_name(job.kind, job.dedup_key) for job in jobs if job.dedup_key})
+    if connection.vendor != "postgresql" or not names:
+        return list(jobs)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT k FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n) "
+            "WHERE pg_try_advisory_xact_lock(hashtextextended(k, 0)) ORDER BY n",
+            [names],
+        )
+        held = {row[0] for row in cursor.fetchall()}
+    return [job for job in jobs if not job.dedup_key or _lock_name(job.kind, job.dedup_key) in held]
 
 
 _LIVE_SQL = """

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from django_venturi import verdicts
+from django_venturi import dedup, verdicts
 from django_venturi.claim import ClaimedJob
 from django_venturi.clock import now_expression
 from django_venturi.completion import write_verdicts
@@ -72,6 +72,9 @@ def recover_expired(alias: str, worker: str) -> list[int]:
             .filter(state=State.RUNNING, lease_expires_at__lt=now_expression(alias))
             .order_by("lease_expires_at")[:RECOVERY_BATCH_SIZE]
         )
+        # Keys after rows, so without waiting: a keyed job whose key a producer holds
+        # is left for the next round (waiting could deadlock with that producer).
+        expired = dedup.with_keys_locked_now(alias, expired)
         lost = [_lost_run(job) for job in expired]
         write_verdicts(alias, worker, lost)
     return [verdict.job.id for verdict in lost]
