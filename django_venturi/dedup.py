@@ -464,8 +464,16 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     its verdict says). The follow-up is cancelled, its `last_error` naming the
     job that absorbed it. Two jobs of one key returning in the same batch fold
     the same way into the older one. If `merge()` raises or returns
-    `enqueue`, the returning job keeps its payload (and a warning is logged):
-    a verdict write never fails because of a merge.
+    `enqueue`, the returning job keeps its payload (and a warning is logged
+    with the error): a verdict write never fails because of a merge. `merge()`
+    runs in a savepoint, so a query of it that the database refuses is undone
+    alone; a lost connection still fails the write.
+
+    A job whose cancel was requested does not go back to `ready` (the write
+    cancels it), so it absorbs nothing: its follow-up stays ready.
+
+    Never waits for a key's lock while holding job rows: the keys are locked
+    first, as producers do.
 
     Returns the verdicts to write (absorbed returning jobs become `cancelled`)
     and the changes to apply to survivors after the verdicts are written.
@@ -563,16 +571,22 @@ def _fold(alias: str, survivor: Job, verdict: Verdict, others: list[Job], now: d
                 merged_count=merged - other.merged_count - 1,
             )
             instance = spec.decode(other.payload)
-            decision = decide(spec, instance, view)
+            # A savepoint: a query of merge() that the database refuses is undone
+            # alone and leaves the verdicts' transaction usable. A lost connection
+            # fails the rollback too, and that error propagates.
+            with transaction.atomic(using=alias):
+                decision = decide(spec, instance, view)
             if decision.kind is MergeKind.ENQUEUE:
                 raise ValueError("Merge.enqueue() is not possible: both jobs would be ready")
             payload = new_payload(spec, instance, decision)
         except Exception as error:  # a user's merge() must never stop a verdict write
             logger.warning(
-                "job %d absorbed job %d of the same dedup key without merging: %s",
+                "job %d absorbed job %d of the same dedup key without merging: %s: %s",
                 survivor.pk,
                 other.pk,
+                type(error).__name__,
                 error,
+                exc_info=error,
                 extra={"job_id": survivor.pk, "kind": survivor.kind, "absorbed": other.pk},
             )
             continue

@@ -446,6 +446,24 @@ def test_a_merge_that_fails_while_absorbing_keeps_the_returning_payload(
     assert "without merging" in caplog.text
 
 
+def test_a_merge_that_hits_a_database_error_while_absorbing_spoils_nothing(
+    alias: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On PostgreSQL the error used to abort the verdicts' transaction: the write failed."""
+    Decides(name="h", value=1).enqueue(using=alias)
+    (running,) = claim_all(alias, "tests.decides")
+    follow_up = Decides(name="h", decision="enqueue", value=2).enqueue(using=alias)
+    Job.objects.using(alias).filter(pk=follow_up.pk).update(
+        payload={**follow_up.payload, "decision": f"database:{alias}"}
+    )
+    with caplog.at_level(logging.WARNING, logger="django_venturi"):
+        assert write_verdicts(alias, "test", [paused(running)]) == {running.id}
+    (survivor,) = live(alias)
+    assert survivor.pk == running.id and survivor.payload["value"] == 1
+    assert Job.objects.using(alias).get(pk=follow_up.pk).state == venturi.State.CANCELLED
+    assert "without merging" in caplog.text and "venturi_no_such_table" in caplog.text
+
+
 def test_a_lost_lease_with_a_follow_up_is_recovered(alias: str) -> None:
     from django_venturi.leases import recover_expired
 
