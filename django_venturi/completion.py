@@ -109,7 +109,7 @@ applied AS (
       AND job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
       -- A later verdict of a run already in the batch is never applied.
       AND NOT verdict.repeat
-    RETURNING job.id, job.state
+    RETURNING job.id, job.state, verdict.token
 )
 INSERT INTO {journal}
     (job_id, attempt, worker, started_at, finished_at, outcome, error_type, error_message,
@@ -120,7 +120,9 @@ SELECT verdict.id, verdict.attempt, verdict.worker, verdict.started_at, now(),
             WHEN applied.state = %(cancelled)s AND verdict.state = 'ready' THEN %(cancelled)s
             ELSE verdict.outcome END,
        verdict.error_type, verdict.error_message, verdict.traceback
-FROM verdict LEFT JOIN applied ON applied.id = verdict.id
+-- By run, not by job: a stale run's verdict beside the live run's in one batch is
+-- not the one applied.
+FROM verdict LEFT JOIN applied ON applied.id = verdict.id AND applied.token = verdict.token
 -- Rows of jobs deleted meanwhile (cleanup) have nothing to attach to.
 WHERE verdict.id IN (SELECT still.id FROM {job} AS still WHERE still.id = ANY(%(ids)s::bigint[]))
 ORDER BY verdict.n  -- journal ids in batch order

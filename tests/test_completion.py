@@ -87,3 +87,17 @@ def test_verdicts_of_other_runs_in_the_batch_are_unaffected(alias: str) -> None:
     assert Job.objects.using(alias).get(pk=run_2.id).state == venturi.State.READY
     assert outcomes(alias, run_1.id) == ["completed", "discarded"]
     assert outcomes(alias, run_2.id) == ["released"]
+
+
+def test_a_stale_runs_verdict_beside_the_live_runs_is_discarded(alias: str) -> None:
+    """PostgreSQL joined the journal to the applied row by job id: both were journalled."""
+    Noop().enqueue(using=alias)
+    stale = claim_one(alias, "tests.noop")
+    write_verdicts(alias, "test", [verdicts.released(stale)])
+    live = claim_one(alias, "tests.noop")
+    batch = [verdicts.completed(live), verdicts.completed(stale)]
+    assert write_verdicts(alias, "test", batch) == {live.id}
+    assert outcomes(alias, live.id) == ["released", "completed", "discarded"]
+    batch = [verdicts.completed(stale), verdicts.completed(live)]
+    assert write_verdicts(alias, "test", batch) == set()
+    assert outcomes(alias, live.id)[3:] == ["discarded", "discarded"]
