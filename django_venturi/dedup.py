@@ -22,6 +22,7 @@ import dataclasses
 import enum
 import json
 import logging
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -480,12 +481,15 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     """
     from django_venturi.models import Job
 
-    returning = {v.job.id: v for v in verdicts if v.state == State.READY}
+    # By run: a batch may hold a stale run's verdict beside the live run's of one job.
+    returning: dict[tuple[int, uuid.UUID | None], Verdict] = {
+        (v.job.id, v.job.claim_token): v for v in verdicts if v.state == State.READY
+    }
     if not returning:
         return list(verdicts), []
     keyed = list(
         Job.objects.using(alias)
-        .filter(id__in=list(returning), dedup_key__isnull=False)
+        .filter(id__in=sorted({job_id for job_id, _ in returning}), dedup_key__isnull=False)
         .values_list("id", "kind", "dedup_key")
     )
     if not keyed:
@@ -502,7 +506,7 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
         .select_for_update()
         .filter(id__in=[job_id for job_id, _, _ in keyed], state=State.RUNNING)
         .order_by("id")
-        if job.claim_token == returning[job.pk].job.claim_token and job.cancel_requested_at is None
+        if (job.pk, job.claim_token) in returning and job.cancel_requested_at is None
     }
     # Exactly these (kind, key) pairs: their advisory locks are held, so no producer
     # holds these rows; a row of another pair could be held by a producer waiting
@@ -529,10 +533,10 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
             continue
         survivor, others = group[0], [*group[1:], *([twin] if twin else [])]
         others.sort(key=lambda job: job.pk)
-        fold = _fold(alias, survivor, returning[survivor.pk], others, now)
+        fold = _fold(alias, survivor, returning[survivor.pk, survivor.claim_token], others, now)
         folds.append(fold)
-        cancelled_returners.update(job_id for job_id in fold.absorbed if job_id in returning)
-        ready_ids = [job_id for job_id in fold.absorbed if job_id not in returning]
+        cancelled_returners.update(job_id for job_id in fold.absorbed if job_id in locked)
+        ready_ids = [job_id for job_id in fold.absorbed if job_id not in locked]
         if ready_ids:
             Job.objects.using(alias).filter(id__in=ready_ids).update(
                 state=State.CANCELLED,
@@ -540,7 +544,9 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
                 last_error=f"merged into job #{survivor.pk} when it went back to ready",
             )
     written = [
-        dataclasses.replace(v, state=State.CANCELLED) if v.job.id in cancelled_returners else v
+        dataclasses.replace(v, state=State.CANCELLED)
+        if v.job.id in cancelled_returners and v.job.claim_token == locked[v.job.id].claim_token
+        else v
         for v in verdicts
     ]
     return written, folds

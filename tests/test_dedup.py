@@ -525,6 +525,23 @@ def test_an_enqueue_never_merges_into_a_running_job_asked_to_cancel(alias: str) 
     assert Job.objects.using(alias).get(pk=running.id).merged_count == 0
 
 
+def test_a_stale_runs_verdict_beside_the_live_runs_does_not_stop_the_fold(alias: str) -> None:
+    """The fold looked the job's verdict up by job id: the stale one hid the live one, the
+    job went back to ready beside its follow-up, and the unique index refused the write."""
+    Recompute(account="s", count=1).enqueue(using=alias)
+    (stale,) = claim_all(alias, "tests.recompute")
+    write_verdicts(alias, "test", [verdicts.released(stale)])
+    (running,) = claim_all(alias, "tests.recompute")
+    follow_up = Recompute(account="s", count=2).enqueue(using=alias)
+    batch = [paused(running), verdicts.released(stale)]
+    assert write_verdicts(alias, "test", batch) == {running.id}
+    (survivor,) = live(alias)
+    assert survivor.pk == running.id and survivor.payload["count"] == 3
+    assert Job.objects.using(alias).get(pk=follow_up.pk).state == venturi.State.CANCELLED
+    outcomes = survivor.journal.order_by("id").values_list("outcome", flat=True)
+    assert list(outcomes) == ["released", "paused", "discarded"]
+
+
 # ---------------------------------------------------------------- concurrent producers
 
 
