@@ -53,22 +53,33 @@ def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[
     """
     if not verdicts:
         return set()
-    first, repeats = first_of_each_run(verdicts)
+    repeats = repeated_runs(verdicts)
     if connections[alias].vendor == "postgresql":
-        return _write_postgresql(alias, worker, first, repeats)
-    return _write_orm(alias, worker, first, repeats)
+        return _write_postgresql(alias, worker, verdicts, repeats)
+    return _write_orm(alias, worker, verdicts, repeats)
 
 
-def first_of_each_run(verdicts: Sequence[Verdict]) -> tuple[list[Verdict], list[Verdict]]:
-    """Split `verdicts` into the first of each run and the later ones, each in batch order."""
+def repeated_runs(verdicts: Sequence[Verdict]) -> list[bool]:
+    """For each verdict, whether an earlier one in `verdicts` is of the same run."""
     seen: set[tuple[int, object]] = set()
-    first: list[Verdict] = []
-    repeats: list[Verdict] = []
+    repeats: list[bool] = []
     for verdict in verdicts:
         run = (verdict.job.id, verdict.job.claim_token)
-        (repeats if run in seen else first).append(verdict)
+        repeats.append(run in seen)
         seen.add(run)
-    return first, repeats
+    return repeats
+
+
+def _folded(
+    alias: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+) -> tuple[list[Verdict], list[dedup.Fold]]:
+    """The batch, in its order, after the dedup fold of the first verdict of each run."""
+    written, folds = dedup.fold_returning(
+        alias, [v for v, repeat in zip(verdicts, repeats, strict=True) if not repeat]
+    )
+    firsts = iter(written)
+    batch = [v if repeat else next(firsts) for v, repeat in zip(verdicts, repeats, strict=True)]
+    return batch, folds
 
 
 _FINISH_SQL = """
@@ -131,25 +142,25 @@ RETURNING job_id, outcome
 
 
 def _write_postgresql(
-    alias: str, worker: str, first: Sequence[Verdict], repeats: Sequence[Verdict]
+    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
 ) -> set[int]:
     # Only a job going back to `ready` can need a dedup fold (more statements, one
     # transaction); otherwise the verdicts are one statement, atomic on its own,
     # which spares the BEGIN and COMMIT round trips.
-    may_fold = any(v.state == State.READY for v in first)
+    may_fold = any(v.state == State.READY for v in verdicts)
     if may_fold:  # the SETs of the session would not outlast the transaction
         statements.prime_session(alias, statements.WORKER_SESSION)
     with transaction.atomic(using=alias) if may_fold else nullcontext():
-        written, folds = dedup.fold_returning(alias, first)
-        rows = _finish_postgresql(alias, worker, [*written, *repeats], len(written))
+        batch, folds = _folded(alias, verdicts, repeats)
+        rows = _finish_postgresql(alias, worker, batch, repeats)
         dedup.finish_folds(alias, folds)
     return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
 
 
 def _finish_postgresql(
-    alias: str, worker: str, verdicts: Sequence[Verdict], applicable: int
+    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
 ) -> list[tuple[Any, ...]]:
-    """Run the finish statement; the verdicts after the first `applicable` are repeats."""
+    """Run the finish statement: apply the verdicts that are not `repeats`, journal all."""
     connection = connections[alias]
     sql = _FINISH_SQL.format(
         job=connection.ops.quote_name(Job._meta.db_table),
@@ -177,26 +188,29 @@ def _finish_postgresql(
         "cancelled": State.CANCELLED.value,
         "set_progress": [v.set_progress for v in verdicts],
         "progress": [json.dumps(v.progress) if v.set_progress else None for v in verdicts],
-        "repeats": [index >= applicable for index in range(len(verdicts))],
+        "repeats": list(repeats),
     }
     return statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
 
 
 def _write_orm(
-    alias: str, worker: str, first: Sequence[Verdict], repeats: Sequence[Verdict]
+    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
 ) -> set[int]:
     applied: set[int] = set()
     with transaction.atomic(using=alias):
-        verdicts, folds = dedup.fold_returning(alias, first)
+        batch, folds = _folded(alias, verdicts, repeats)
         now = timezone.now()
         entries = []
         existing = set(
             Job.objects.using(alias)
-            .filter(id__in=[v.job.id for v in [*verdicts, *repeats]])
+            .filter(id__in=[v.job.id for v in batch])
             .values_list("id", flat=True)
         )
-        for verdict in verdicts:
+        for verdict, repeat in zip(batch, repeats, strict=True):
             if verdict.job.id not in existing:
+                continue
+            if repeat:
+                entries.append(_discarded(verdict, worker, now))
                 continue
             changes: dict[str, object] = {
                 "state": verdict.state,
@@ -245,9 +259,6 @@ def _write_orm(
                     traceback=verdict.error.traceback,
                 )
             )
-        entries.extend(
-            _discarded(verdict, worker, now) for verdict in repeats if verdict.job.id in existing
-        )
         JournalEntry.objects.using(alias).bulk_create(entries)
         dedup.finish_folds(alias, folds)
     return applied

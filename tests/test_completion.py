@@ -101,3 +101,19 @@ def test_a_stale_runs_verdict_beside_the_live_runs_is_discarded(alias: str) -> N
     batch = [verdicts.completed(stale), verdicts.completed(live)]
     assert write_verdicts(alias, "test", batch) == set()
     assert outcomes(alias, live.id)[3:] == ["discarded", "discarded"]
+
+
+def test_the_journal_keeps_the_batch_order(alias: str) -> None:
+    Noop().enqueue(using=alias)
+    stale = claim_one(alias, "tests.noop")
+    write_verdicts(alias, "test", [verdicts.released(stale)])
+    live = claim_one(alias, "tests.noop")
+    batch = [verdicts.completed(live), verdicts.released(live), verdicts.completed(stale)]
+    assert write_verdicts(alias, "test", batch) == {live.id}
+    entries = Job.objects.using(alias).get(pk=live.id).journal.order_by("id")
+    assert list(entries.values_list("attempt", "outcome")) == [
+        (1, "released"),
+        (2, "completed"),
+        (2, "discarded"),
+        (1, "discarded"),
+    ]
