@@ -88,7 +88,7 @@ def enqueue_many(
     in the order given.
 
     Raises what `prepare` raises for a bad task or option (`TypeError`,
-    `ValueError`, `PayloadError`, `UnknownKind`), what a task's `dedup_key()` or
+    `ValueError`, `PayloadError`), what a task's `dedup_key()` or
     `merge()` raises, and the database's errors as they are
     (`django.db.DatabaseError`); a deadlock of a keyed enqueue is retried a few
     times first (`dedup.DEADLOCK_RETRIES`).
