@@ -12,7 +12,19 @@ breaks the one-ready-job-per-key index.
 
 A job whose cancel was requested while it ran (`venturi.cancel()`) never goes
 back to `ready`: a verdict that would requeue it (paused, retry, timeout)
-cancels it instead, even if the worker had not heard of the request yet.
+cancels it instead, even if the worker had not heard of the request yet. Such
+a job absorbs no follow-up: the follow-up stays `ready`.
+
+A run (a job id and its claim token) has one verdict. When a batch holds more
+than one for the same run (say a `released` at shutdown and the handler's
+`completed`), the first in the batch is the run's verdict and each later one
+is journalled as `discarded`, on every database.
+
+Errors: `write_verdicts` raises the database's errors as they are
+(`django.db.DatabaseError` and its subclasses); everything it wrote in the
+batch is rolled back with the transaction it runs in. A user's `merge()` that
+raises while a returning job absorbs its follow-up is logged and skipped (see
+`dedup.fold_returning`), unless it raised a database error, which propagates.
 """
 
 from __future__ import annotations
@@ -20,6 +32,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from contextlib import nullcontext
+from datetime import datetime
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import F
@@ -32,12 +46,40 @@ from django_venturi.verdicts import Verdict
 
 
 def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
-    """Apply the verdicts; return the ids of the jobs whose verdict was applied."""
+    """Apply the verdicts; return the ids of the jobs whose verdict was applied.
+
+    The first verdict of each run (job id and claim token) in `verdicts` is the
+    one applied; later ones of the same run are journalled as `discarded`.
+    """
     if not verdicts:
         return set()
+    repeats = repeated_runs(verdicts)
     if connections[alias].vendor == "postgresql":
-        return _write_postgresql(alias, worker, verdicts)
-    return _write_orm(alias, worker, verdicts)
+        return _write_postgresql(alias, worker, verdicts, repeats)
+    return _write_orm(alias, worker, verdicts, repeats)
+
+
+def repeated_runs(verdicts: Sequence[Verdict]) -> list[bool]:
+    """For each verdict, whether an earlier one in `verdicts` is of the same run."""
+    seen: set[tuple[int, object]] = set()
+    repeats: list[bool] = []
+    for verdict in verdicts:
+        run = (verdict.job.id, verdict.job.claim_token)
+        repeats.append(run in seen)
+        seen.add(run)
+    return repeats
+
+
+def _folded(
+    alias: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+) -> tuple[list[Verdict], list[dedup.Fold]]:
+    """The batch, in its order, after the dedup fold of the first verdict of each run."""
+    written, folds = dedup.fold_returning(
+        alias, [v for v, repeat in zip(verdicts, repeats, strict=True) if not repeat]
+    )
+    firsts = iter(written)
+    batch = [v if repeat else next(firsts) for v, repeat in zip(verdicts, repeats, strict=True)]
+    return batch, folds
 
 
 _FINISH_SQL = """
@@ -48,10 +90,10 @@ WITH verdict AS (
         %(set_carry)s::boolean[], %(carries)s::text[], %(failed)s::integer[],
         %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[],
         %(workers)s::text[], %(set_progress)s::boolean[], %(progress)s::text[],
-        %(set_result)s::boolean[], %(results)s::text[]
-    ) AS v(id, token, attempt, started_at, state, outcome, delay, set_carry, carry, failed,
-           error_type, error_message, traceback, worker, set_progress, progress, set_result,
-           result)
+        %(set_result)s::boolean[], %(results)s::text[], %(repeats)s::boolean[]
+    ) WITH ORDINALITY AS v(id, token, attempt, started_at, state, outcome, delay, set_carry,
+                           carry, failed, error_type, error_message, traceback, worker,
+                           set_progress, progress, set_result, result, repeat, n)
 ),
 -- The fence: only a job still running under this claim token changes.
 applied AS (
@@ -76,25 +118,49 @@ applied AS (
     FROM verdict
     WHERE job.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the estimates
       AND job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
-    RETURNING job.id, job.state
+      -- A later verdict of a run already in the batch is never applied.
+      AND NOT verdict.repeat
+    RETURNING job.id, job.state, verdict.token
 )
 INSERT INTO {journal}
     (job_id, attempt, worker, started_at, finished_at, outcome, error_type, error_message,
      traceback)
 SELECT verdict.id, verdict.attempt, verdict.worker, verdict.started_at, now(),
-       CASE WHEN applied.id IS NULL THEN %(discarded)s
+       CASE WHEN applied.id IS NULL OR verdict.repeat THEN %(discarded)s
             -- A requeue turned into a cancel (not a dedup fold, whose verdict says so).
             WHEN applied.state = %(cancelled)s AND verdict.state = 'ready' THEN %(cancelled)s
             ELSE verdict.outcome END,
        verdict.error_type, verdict.error_message, verdict.traceback
-FROM verdict LEFT JOIN applied ON applied.id = verdict.id
+-- By run, not by job: a stale run's verdict beside the live run's in one batch is
+-- not the one applied.
+FROM verdict LEFT JOIN applied ON applied.id = verdict.id AND applied.token = verdict.token
 -- Rows of jobs deleted meanwhile (cleanup) have nothing to attach to.
 WHERE verdict.id IN (SELECT still.id FROM {job} AS still WHERE still.id = ANY(%(ids)s::bigint[]))
+ORDER BY verdict.n  -- journal ids in batch order
 RETURNING job_id, outcome
 """
 
 
-def _write_postgresql(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
+def _write_postgresql(
+    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+) -> set[int]:
+    # Only a job going back to `ready` can need a dedup fold (more statements, one
+    # transaction); otherwise the verdicts are one statement, atomic on its own,
+    # which spares the BEGIN and COMMIT round trips.
+    may_fold = any(v.state == State.READY for v in verdicts)
+    if may_fold:  # the SETs of the session would not outlast the transaction
+        statements.prime_session(alias, statements.WORKER_SESSION)
+    with transaction.atomic(using=alias) if may_fold else nullcontext():
+        batch, folds = _folded(alias, verdicts, repeats)
+        rows = _finish_postgresql(alias, worker, batch, repeats)
+        dedup.finish_folds(alias, folds)
+    return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
+
+
+def _finish_postgresql(
+    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+) -> list[tuple[Any, ...]]:
+    """Run the finish statement: apply the verdicts that are not `repeats`, journal all."""
     connection = connections[alias]
     sql = _FINISH_SQL.format(
         job=connection.ops.quote_name(Job._meta.db_table),
@@ -122,35 +188,29 @@ def _write_postgresql(alias: str, worker: str, verdicts: Sequence[Verdict]) -> s
         "cancelled": State.CANCELLED.value,
         "set_progress": [v.set_progress for v in verdicts],
         "progress": [json.dumps(v.progress) if v.set_progress else None for v in verdicts],
+        "repeats": list(repeats),
     }
-    # Only a job going back to `ready` can need a dedup fold (more statements, one
-    # transaction); otherwise the verdicts are one statement, atomic on its own,
-    # which spares the BEGIN and COMMIT round trips.
-    may_fold = any(v.state == State.READY for v in verdicts)
-    if may_fold:  # the SETs of the session would not outlast the transaction
-        statements.prime_session(alias, statements.WORKER_SESSION)
-    with transaction.atomic(using=alias) if may_fold else nullcontext():
-        written, folds = dedup.fold_returning(alias, verdicts)
-        if written != list(verdicts):
-            params["states"] = [v.state.value for v in written]
-        rows = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
-        dedup.finish_folds(alias, folds)
-    return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
+    return statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
 
 
-def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
+def _write_orm(
+    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+) -> set[int]:
     applied: set[int] = set()
     with transaction.atomic(using=alias):
-        verdicts, folds = dedup.fold_returning(alias, verdicts)
+        batch, folds = _folded(alias, verdicts, repeats)
         now = timezone.now()
         entries = []
         existing = set(
             Job.objects.using(alias)
-            .filter(id__in=[v.job.id for v in verdicts])
+            .filter(id__in=[v.job.id for v in batch])
             .values_list("id", flat=True)
         )
-        for verdict in verdicts:
+        for verdict, repeat in zip(batch, repeats, strict=True):
             if verdict.job.id not in existing:
+                continue
+            if repeat:
+                entries.append(_discarded(verdict, worker, now))
                 continue
             changes: dict[str, object] = {
                 "state": verdict.state,
@@ -202,3 +262,17 @@ def _write_orm(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]
         JournalEntry.objects.using(alias).bulk_create(entries)
         dedup.finish_folds(alias, folds)
     return applied
+
+
+def _discarded(verdict: Verdict, worker: str, now: datetime) -> JournalEntry:
+    return JournalEntry(
+        job_id=verdict.job.id,
+        attempt=verdict.job.attempt,
+        worker=verdict.worker or worker,
+        started_at=verdict.job.started_at,
+        finished_at=now,
+        outcome=JournalOutcome.DISCARDED,
+        error_type=verdict.error.type,
+        error_message=verdict.error.message,
+        traceback=verdict.error.traceback,
+    )

@@ -22,12 +22,13 @@ import dataclasses
 import enum
 import json
 import logging
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django.db import OperationalError, connections, transaction
-from django.db.models import Case, F, IntegerField, Value, When
+from django.db.models import Case, F, IntegerField, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -264,8 +265,17 @@ def _is_deadlock(error: BaseException) -> bool:
     return getattr(error.__cause__, "sqlstate", None) == "40P01"
 
 
+def _lock_name(kind: str, key: str) -> str:
+    return f"venturi.dedup\x1f{kind}\x1f{key}"
+
+
 def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
-    """Take the advisory locks of these (kind, key) pairs, in a stable order (PostgreSQL)."""
+    """Take the advisory locks of these (kind, key) pairs, in a stable order (PostgreSQL).
+
+    Never call this while holding row locks of jobs: producers take a key's lock
+    before the rows of that key, so waiting here with rows held can deadlock.
+    Such a caller uses `with_keys_locked_now` instead.
+    """
     connection = connections[alias]
     if connection.vendor != "postgresql" or not keys:
         return
@@ -275,13 +285,38 @@ def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
         cursor.execute(
             "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) "
             "FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n)",
-            [sorted(f"venturi.dedup\x1f{kind}\x1f{key}" for kind, key in set(keys))],
+            [sorted(_lock_name(kind, key) for kind, key in set(keys))],
         )
+
+
+def with_keys_locked_now(alias: str, jobs: Sequence[Job]) -> list[Job]:
+    """The `jobs` whose key lock this transaction holds now, taking the free ones without waiting.
+
+    For a caller that already holds the jobs' row locks (lease recovery): it must
+    not wait for a key, since a producer holding that key may be waiting for one
+    of those rows. Jobs without a key are all kept; a job whose key another
+    session holds is left out (its caller leaves it for a later round). Every job
+    is kept on databases other than PostgreSQL, whose transactions serialise.
+    """
+    connection = connections[alias]
+    names = sorted({_lock_name(job.kind, job.dedup_key) for job in jobs if job.dedup_key})
+    if connection.vendor != "postgresql" or not names:
+        return list(jobs)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT k FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n) "
+            "WHERE pg_try_advisory_xact_lock(hashtextextended(k, 0)) ORDER BY n",
+            [names],
+        )
+        held = {row[0] for row in cursor.fetchall()}
+    return [job for job in jobs if not job.dedup_key or _lock_name(job.kind, job.dedup_key) in held]
 
 
 _LIVE_SQL = """
 SELECT * FROM {table}
 WHERE kind = %s AND dedup_key = %s AND state IN ('ready', 'running')
+  -- A running job asked to cancel ends cancelled: it covers no new work.
+  AND (state = 'ready' OR cancel_requested_at IS NULL)
 -- The ready job if there is one (a follow-up behind a running job), else the newest running.
 ORDER BY state = 'ready' DESC, id DESC
 LIMIT 1
@@ -292,7 +327,12 @@ FOR UPDATE
 
 
 def _live_first(alias: str, kind: str, key: str) -> Job | None:
-    """The live job a new one clashes with, row-locked: the ready one, else the newest running."""
+    """The live job a new one clashes with, row-locked: the ready one, else the newest running.
+
+    A running job whose cancel was requested is not a candidate: it will end
+    `cancelled` whatever its handler returns, so work merged into it would be lost.
+    The new job queues behind it as a follow-up instead.
+    """
     from django_venturi.models import Job
 
     if connections[alias].vendor == "postgresql":
@@ -305,6 +345,7 @@ def _live_first(alias: str, kind: str, key: str) -> Job | None:
     return (
         Job.objects.using(alias)
         .filter(kind=kind, dedup_key=key, state__in=LIVE_STATES)
+        .exclude(state=State.RUNNING, cancel_requested_at__isnull=False)
         .order_by(ready_first, "-id")
         .first()
     )
@@ -431,20 +472,31 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     its verdict says). The follow-up is cancelled, its `last_error` naming the
     job that absorbed it. Two jobs of one key returning in the same batch fold
     the same way into the older one. If `merge()` raises or returns
-    `enqueue`, the returning job keeps its payload (and a warning is logged):
-    a verdict write never fails because of a merge.
+    `enqueue`, the returning job keeps its payload (and a warning is logged
+    with the error): a verdict write never fails because of a merge. `merge()`
+    runs in a savepoint, so a query of it that the database refuses is undone
+    alone; a lost connection still fails the write.
+
+    A job whose cancel was requested does not go back to `ready` (the write
+    cancels it), so it absorbs nothing: its follow-up stays ready.
+
+    Never waits for a key's lock while holding job rows: the keys are locked
+    first, as producers do.
 
     Returns the verdicts to write (absorbed returning jobs become `cancelled`)
     and the changes to apply to survivors after the verdicts are written.
     """
     from django_venturi.models import Job
 
-    returning = {v.job.id: v for v in verdicts if v.state == State.READY}
+    # By run: a batch may hold a stale run's verdict beside the live run's of one job.
+    returning: dict[tuple[int, uuid.UUID | None], Verdict] = {
+        (v.job.id, v.job.claim_token): v for v in verdicts if v.state == State.READY
+    }
     if not returning:
         return list(verdicts), []
     keyed = list(
         Job.objects.using(alias)
-        .filter(id__in=list(returning), dedup_key__isnull=False)
+        .filter(id__in=sorted({job_id for job_id, _ in returning}), dedup_key__isnull=False)
         .values_list("id", "kind", "dedup_key")
     )
     if not keyed:
@@ -452,23 +504,27 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     keys = sorted({(kind, key) for _, kind, key in keyed if key is not None})
     lock_keys(alias, keys)
     now = database_time(alias)
-    # The jobs whose verdict will apply: still running under the claim token.
+    # The jobs whose verdict will apply and that really go back to `ready`: still
+    # running under the claim token, and not asked to cancel (the write cancels
+    # those instead, so they must not absorb anything).
     locked = {
         job.pk: job
         for job in Job.objects.using(alias)
         .select_for_update()
         .filter(id__in=[job_id for job_id, _, _ in keyed], state=State.RUNNING)
         .order_by("id")
-        if job.claim_token == returning[job.pk].job.claim_token
+        if (job.pk, job.claim_token) in returning and job.cancel_requested_at is None
     }
+    # Exactly these (kind, key) pairs: their advisory locks are held, so no producer
+    # holds these rows; a row of another pair could be held by a producer waiting
+    # for one of our keys.
+    of_keys = Q()
+    for kind, key in keys:
+        of_keys |= Q(kind=kind, dedup_key=key)
     ready = (
         Job.objects.using(alias)
         .select_for_update()
-        .filter(
-            state=State.READY,
-            kind__in=sorted({kind for kind, _ in keys}),
-            dedup_key__in=sorted({key for _, key in keys}),
-        )
+        .filter(of_keys, state=State.READY)
         .order_by("id")
     )
     ready_by_key = {(job.kind, job.dedup_key): job for job in ready}
@@ -484,10 +540,10 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
             continue
         survivor, others = group[0], [*group[1:], *([twin] if twin else [])]
         others.sort(key=lambda job: job.pk)
-        fold = _fold(alias, survivor, returning[survivor.pk], others, now)
+        fold = _fold(alias, survivor, returning[survivor.pk, survivor.claim_token], others, now)
         folds.append(fold)
-        cancelled_returners.update(job_id for job_id in fold.absorbed if job_id in returning)
-        ready_ids = [job_id for job_id in fold.absorbed if job_id not in returning]
+        cancelled_returners.update(job_id for job_id in fold.absorbed if job_id in locked)
+        ready_ids = [job_id for job_id in fold.absorbed if job_id not in locked]
         if ready_ids:
             Job.objects.using(alias).filter(id__in=ready_ids).update(
                 state=State.CANCELLED,
@@ -495,7 +551,9 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
                 last_error=f"merged into job #{survivor.pk} when it went back to ready",
             )
     written = [
-        dataclasses.replace(v, state=State.CANCELLED) if v.job.id in cancelled_returners else v
+        dataclasses.replace(v, state=State.CANCELLED)
+        if v.job.id in cancelled_returners and v.job.claim_token == locked[v.job.id].claim_token
+        else v
         for v in verdicts
     ]
     return written, folds
@@ -526,16 +584,22 @@ def _fold(alias: str, survivor: Job, verdict: Verdict, others: list[Job], now: d
                 merged_count=merged - other.merged_count - 1,
             )
             instance = spec.decode(other.payload)
-            decision = decide(spec, instance, view)
+            # A savepoint: a query of merge() that the database refuses is undone
+            # alone and leaves the verdicts' transaction usable. A lost connection
+            # fails the rollback too, and that error propagates.
+            with transaction.atomic(using=alias):
+                decision = decide(spec, instance, view)
             if decision.kind is MergeKind.ENQUEUE:
                 raise ValueError("Merge.enqueue() is not possible: both jobs would be ready")
             payload = new_payload(spec, instance, decision)
         except Exception as error:  # a user's merge() must never stop a verdict write
             logger.warning(
-                "job %d absorbed job %d of the same dedup key without merging: %s",
+                "job %d absorbed job %d of the same dedup key without merging: %s: %s",
                 survivor.pk,
                 other.pk,
+                type(error).__name__,
                 error,
+                exc_info=error,
                 extra={"job_id": survivor.pk, "kind": survivor.kind, "absorbed": other.pk},
             )
             continue

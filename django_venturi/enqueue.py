@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -84,7 +85,15 @@ def enqueue_many(
     """Insert many jobs (of any kinds) in the caller's transaction, one INSERT per batch.
 
     Every payload is checked before anything is written: one bad payload raises
-    and writes nothing. Returns the rows in the order given.
+    and writes nothing. All or nothing: outside a transaction the batches run in
+    one of their own, so an error in any of them writes none. Returns the rows
+    in the order given.
+
+    Raises what `prepare` raises for a bad task or option (`TypeError`,
+    `ValueError`, `PayloadError`), what a task's `dedup_key()` or
+    `merge()` raises, and the database's errors as they are
+    (`django.db.DatabaseError`); a deadlock of a keyed enqueue is retried a few
+    times first (`dedup.DEADLOCK_RETRIES`).
 
     Jobs with a dedup key are written one by one after the others, each one
     merged with the live job of its key (or with an earlier one of the batch).
@@ -96,9 +105,13 @@ def enqueue_many(
     alias = job_database(using)
     plain = [job for job in new_jobs if job.dedup_key is None]
     if len(plain) == len(new_jobs):
+        # One batch is one statement, atomic on its own; more are one transaction,
+        # so a failing later batch takes the earlier ones with it.
+        several = len(new_jobs) > INSERT_BATCH_SIZE
         jobs: list[Job] = []
-        for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
-            jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
+        with transaction.atomic(using=alias) if several else nullcontext():
+            for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
+                jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
         return jobs
     return _enqueue_mixed(alias, new_jobs)
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 from django.db import connections, transaction
 from django.db.models import Exists, F, OuterRef, QuerySet
 
-from django_venturi import statements, verdicts
+from django_venturi import dedup, statements, verdicts
 from django_venturi.claim import ClaimedJob, RunKey
 from django_venturi.clock import now_expression
 from django_venturi.completion import write_verdicts
@@ -181,9 +181,14 @@ def _recover(
     skip: Callable[[Job], bool] = lambda job: False,
 ) -> list[int]:
     with transaction.atomic(using=alias):
-        rows = expired.select_for_update(skip_locked=True, of=("self",)).order_by(
-            "lease_expires_at"
-        )[:RECOVERY_BATCH_SIZE]
+        rows = list(
+            expired.select_for_update(skip_locked=True, of=("self",)).order_by("lease_expires_at")[
+                :RECOVERY_BATCH_SIZE
+            ]
+        )
+        # Keys after rows, so without waiting: a keyed job whose key a producer holds
+        # is left for the next round (waiting could deadlock with that producer).
+        rows = dedup.with_keys_locked_now(alias, rows)
         lost = [_lost_run(job) for job in rows if not skip(job)]
         write_verdicts(alias, worker, lost)
     return [verdict.job.id for verdict in lost]

@@ -1,7 +1,13 @@
 """`venturi.cleanup()`: delete finished jobs (and their journals) in small batches.
 
 Each batch is its own short transaction, so cleanup never holds locks for long
-nor builds one huge transaction, however many rows it deletes.
+nor builds one huge transaction, however many rows it deletes. A batch locks
+the rows it deletes and skips rows another session holds, so a job made ready
+at the same moment (`retry_now`, the admin's retry) is never deleted.
+
+Errors: `ValueError` for a live state, a negative `older_than` or a
+`batch_size` below 1 (nothing deleted); the database's errors as they are
+(`django.db.DatabaseError`), with the batches before the failing one kept.
 """
 
 from __future__ import annotations
@@ -9,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from django.db import transaction
 
@@ -17,9 +22,6 @@ from django_venturi import registration
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
 from django_venturi.states import FINISHED_STATES, State
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_BATCH_SIZE = 1000
 
@@ -84,10 +86,13 @@ def cleanup(
     jobs = entries = batches = 0
     while True:
         with transaction.atomic(using=alias):
-            ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
+            # Lock the batch's rows: the delete below goes by id, so a job that
+            # `retry_now` makes ready meanwhile must wait for it, not be deleted by it.
+            # Rows locked by someone else right now are skipped (a later run takes them).
+            batch = old.select_for_update(skip_locked=True).order_by("id")
+            ids = list(batch.values_list("id", flat=True)[:batch_size])
             if not ids:
                 break
-            # Re-check the conditions: a job retried meanwhile is no longer old.
             _, deleted = old.filter(id__in=ids).delete()
         jobs += deleted.get(Job._meta.label, 0)
         entries += deleted.get(JournalEntry._meta.label, 0)

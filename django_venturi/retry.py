@@ -5,6 +5,11 @@ and fails for good again if that run fails too. A failed job with a dedup key
 cannot become ready while another ready job holds its kind and key (the dedup
 rule: one ready job per kind and key); such a job is reported as a clash and
 left failed. On PostgreSQL the job's queue is notified so an idle worker wakes.
+
+Errors: the database's errors as they are (`django.db.DatabaseError`), and then
+nothing is retried. Only the unique-index violation of a dedup clash is caught
+(and reported in `clashes`): any other `IntegrityError`, such as a check or a
+trigger of the project's own, propagates.
 """
 
 from __future__ import annotations
@@ -48,13 +53,14 @@ def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResul
         rows = list(
             jobs.filter(id__in=ids, state__in=RETRYABLE_STATES)
             .select_for_update()
-            .values_list("id", "state", "queue")
+            .order_by("id")
+            .values_list("id", "state", "queue", "kind", "dedup_key")
         )
         now = now_expression(alias)
-        ready = [job_id for job_id, state, _ in rows if state == State.READY]
+        ready = [row[0] for row in rows if row[1] == State.READY]
         jobs.filter(id__in=ready).update(run_at=now)
         retried.extend(ready)
-        for job_id, state, _ in rows:
+        for job_id, state, _, kind, key in rows:
             if state != State.FAILED:
                 continue
             try:
@@ -63,10 +69,15 @@ def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResul
                         state=State.READY, run_at=now, finished_at=None, cancel_requested_at=None
                     )
             except IntegrityError:
+                # The dedup index refused it if a ready job of its key is there now (the
+                # statement waited for the other transaction); anything else is not ours.
+                twin = jobs.filter(kind=kind, dedup_key=key, state=State.READY)
+                if key is None or not twin.exists():
+                    raise
                 clashes.append(job_id)
             else:
                 retried.append(job_id)
-        queues = sorted({queue for job_id, _, queue in rows if job_id in set(retried)})
+        queues = sorted({row[2] for row in rows if row[0] in set(retried)})
         _wake_workers(alias, queues)
     done = set(retried) | set(clashes)
     return RetryResult(

@@ -446,6 +446,24 @@ def test_a_merge_that_fails_while_absorbing_keeps_the_returning_payload(
     assert "without merging" in caplog.text
 
 
+def test_a_merge_that_hits_a_database_error_while_absorbing_spoils_nothing(
+    alias: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On PostgreSQL the error used to abort the verdicts' transaction: the write failed."""
+    Decides(name="h", value=1).enqueue(using=alias)
+    (running,) = claim_all(alias, "tests.decides")
+    follow_up = Decides(name="h", decision="enqueue", value=2).enqueue(using=alias)
+    Job.objects.using(alias).filter(pk=follow_up.pk).update(
+        payload={**follow_up.payload, "decision": f"database:{alias}"}
+    )
+    with caplog.at_level(logging.WARNING, logger="django_venturi"):
+        assert write_verdicts(alias, "test", [paused(running)]) == {running.id}
+    (survivor,) = live(alias)
+    assert survivor.pk == running.id and survivor.payload["value"] == 1
+    assert Job.objects.using(alias).get(pk=follow_up.pk).state == venturi.State.CANCELLED
+    assert "without merging" in caplog.text and "venturi_no_such_table" in caplog.text
+
+
 def test_a_lost_lease_with_a_follow_up_is_recovered(alias: str) -> None:
     from django_venturi.leases import recover_expired
 
@@ -463,6 +481,65 @@ def test_a_late_verdict_of_a_reclaimed_job_does_not_fold(alias: str) -> None:
     stale = dataclasses.replace(running, claim_token=uuid.UUID(int=1))
     assert write_verdicts(alias, "test", [paused(stale)]) == set()
     assert [job.pk for job in live(alias)] == [running.id, follow_up.pk]
+
+
+def test_a_returning_job_asked_to_cancel_leaves_its_follow_up_ready(alias: str) -> None:
+    """Issue 15: the cancelled job used to absorb its follow-up, and the follow-up was lost."""
+    from django_venturi.leases import recover_expired
+
+    for outcome in ["lease_expired", "paused", "retry", "released"]:
+        running, follow_up = follow_up_behind_a_running_job(alias)
+        assert venturi.cancel(running.id, using=alias).stopping == 1
+        if outcome == "lease_expired":
+            Job.objects.using(alias).filter(pk=running.id).update(
+                lease_expires_at=timezone.now() - timedelta(seconds=1)
+            )
+            assert recover_expired(alias, "rescuer") == [running.id]
+        else:
+            verdict = {
+                "paused": paused(running),
+                "retry": verdicts.retry(running, None, verdicts.ErrorInfo("E", "boom")),
+                "released": verdicts.released(running),
+            }[outcome]
+            assert write_verdicts(alias, "test", [verdict]) == {running.id}
+        cancelled = Job.objects.using(alias).get(pk=running.id)
+        assert cancelled.state == venturi.State.CANCELLED, outcome
+        assert cancelled.payload == {"account": "h", "count": 1} and cancelled.merged_count == 0
+        assert cancelled.journal.get().outcome == venturi.JournalOutcome.CANCELLED
+        (kept,) = live(alias)
+        assert kept.pk == follow_up.pk and kept.state == venturi.State.READY, outcome
+        assert kept.payload == {"account": "h", "count": 2} and kept.last_error == ""
+        Job.objects.using(alias).all().delete()
+
+
+def test_an_enqueue_never_merges_into_a_running_job_asked_to_cancel(alias: str) -> None:
+    """It would end cancelled with the new work in it: the new job queues behind it instead."""
+    Decides(name="c", value=1).enqueue(using=alias)
+    (running,) = claim_all(alias, "tests.decides")
+    venturi.cancel(running.id, using=alias)
+    new = Decides(name="c", decision="keep", value=2).enqueue(using=alias)
+    assert new.pk != running.id and new.state == venturi.State.READY
+    assert write_verdicts(alias, "test", [verdicts.completed(running)]) == {running.id}
+    (left,) = live(alias)
+    assert left.pk == new.pk and left.payload["value"] == 2
+    assert Job.objects.using(alias).get(pk=running.id).merged_count == 0
+
+
+def test_a_stale_runs_verdict_beside_the_live_runs_does_not_stop_the_fold(alias: str) -> None:
+    """The fold looked the job's verdict up by job id: the stale one hid the live one, the
+    job went back to ready beside its follow-up, and the unique index refused the write."""
+    Recompute(account="s", count=1).enqueue(using=alias)
+    (stale,) = claim_all(alias, "tests.recompute")
+    write_verdicts(alias, "test", [verdicts.released(stale)])
+    (running,) = claim_all(alias, "tests.recompute")
+    follow_up = Recompute(account="s", count=2).enqueue(using=alias)
+    batch = [paused(running), verdicts.released(stale)]
+    assert write_verdicts(alias, "test", batch) == {running.id}
+    (survivor,) = live(alias)
+    assert survivor.pk == running.id and survivor.payload["count"] == 3
+    assert Job.objects.using(alias).get(pk=follow_up.pk).state == venturi.State.CANCELLED
+    outcomes = survivor.journal.order_by("id").values_list("outcome", flat=True)
+    assert list(outcomes) == ["released", "paused", "discarded"]
 
 
 # ---------------------------------------------------------------- concurrent producers

@@ -9,7 +9,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -109,6 +109,52 @@ def test_enqueue_many_is_one_insert_per_batch(alias: str) -> None:
     assert len({job.pk for job in jobs}) == 500
     stored = Job.objects.using(alias).filter(queue="bulk", priority=venturi.Priority.LOW)
     assert stored.count() == 500
+
+
+def refuse_inserts_of_n(alias: str, n: int) -> tuple[str, ...]:
+    """A trigger that makes the database refuse inserting a `Noop(n)`; returns its DROP."""
+    table = connections[alias].ops.quote_name(Job._meta.db_table)
+    with connections[alias].cursor() as cursor:
+        if alias == "default":
+            cursor.execute(
+                "CREATE FUNCTION venturi_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                f"BEGIN IF NEW.payload->>'n' = '{n}' THEN RAISE EXCEPTION 'refused'; END IF; "
+                "RETURN NEW; END $$"
+            )
+            cursor.execute(
+                f"CREATE TRIGGER venturi_test_refuse BEFORE INSERT ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION venturi_test_refuse()"
+            )
+            return (
+                f"DROP TRIGGER venturi_test_refuse ON {table}",
+                "DROP FUNCTION venturi_test_refuse()",
+            )
+        cursor.execute(
+            f"CREATE TRIGGER venturi_test_refuse BEFORE INSERT ON {table} "
+            f"WHEN json_extract(NEW.payload, '$.n') = {n} BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        return ("DROP TRIGGER venturi_test_refuse",)
+
+
+def test_enqueue_many_of_several_batches_is_all_or_nothing(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside a transaction, each batch used to commit on its own: a later failure kept them."""
+    from django_venturi import enqueue
+
+    monkeypatch.setattr(enqueue, "INSERT_BATCH_SIZE", 2)
+    drops = refuse_inserts_of_n(alias, 3)  # in the second batch of [0, 1], [2, 3], [4]
+    try:
+        with pytest.raises(DatabaseError, match="refused"):
+            venturi.enqueue_many([Noop(n=i) for i in range(5)], using=alias)
+        assert Job.objects.using(alias).count() == 0
+        jobs = venturi.enqueue_many([Noop(n=i) for i in (0, 1, 2, 4, 5)], using=alias)
+        assert [job.payload["n"] for job in jobs] == [0, 1, 2, 4, 5]
+        assert Job.objects.using(alias).count() == 5
+    finally:
+        with connections[alias].cursor() as cursor:
+            for drop in drops:
+                cursor.execute(drop)
 
 
 def test_delay_and_run_at_set_when_the_job_is_due(alias: str) -> None:

@@ -6,6 +6,8 @@ import dataclasses
 import time
 from datetime import datetime
 
+from django.db import connections
+
 import django_venturi as venturi
 from tests.testapp.tasks import record
 
@@ -100,6 +102,9 @@ class Decides(venturi.Task):
             return venturi.Merge.update(dataclasses.replace(existing.payload, value="many"))
         if self.decision == "bad":
             return "nonsense"  # type: ignore[return-value]
+        if self.decision.startswith("database:"):  # a query the database refuses
+            with connections[self.decision.partition(":")[2]].cursor() as cursor:
+                cursor.execute("SELECT * FROM venturi_no_such_table")
         raise RuntimeError(f"merge failed on purpose ({self.decision})")
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
