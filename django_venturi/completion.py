@@ -44,6 +44,9 @@ from django_venturi.models import Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.verdicts import Verdict
 
+AppliedRun = tuple[int, int]
+"""A run whose verdict was applied: its job's id and its attempt (each claim adds one)."""
+
 
 def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[int]:
     """Apply the verdicts; return the ids of the jobs whose verdict was applied.
@@ -51,6 +54,12 @@ def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[
     The first verdict of each run (job id and claim token) in `verdicts` is the
     one applied; later ones of the same run are journalled as `discarded`.
     """
+    return {job_id for job_id, _ in write_runs(alias, worker, verdicts)}
+
+
+def write_runs(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[AppliedRun]:
+    """`write_verdicts`, telling runs apart: (job id, attempt) of each run applied, so
+    that a stale run's verdict beside the live run's of the same job is not counted."""
     if not verdicts:
         return set()
     repeats = repeated_runs(verdicts)
@@ -137,13 +146,13 @@ FROM verdict LEFT JOIN applied ON applied.id = verdict.id AND applied.token = ve
 -- Rows of jobs deleted meanwhile (cleanup) have nothing to attach to.
 WHERE verdict.id IN (SELECT still.id FROM {job} AS still WHERE still.id = ANY(%(ids)s::bigint[]))
 ORDER BY verdict.n  -- journal ids in batch order
-RETURNING job_id, outcome
+RETURNING job_id, attempt, outcome
 """
 
 
 def _write_postgresql(
     alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
-) -> set[int]:
+) -> set[AppliedRun]:
     # Only a job going back to `ready` can need a dedup fold (more statements, one
     # transaction); otherwise the verdicts are one statement, atomic on its own,
     # which spares the BEGIN and COMMIT round trips.
@@ -154,7 +163,8 @@ def _write_postgresql(
         batch, folds = _folded(alias, verdicts, repeats)
         rows = _finish_postgresql(alias, worker, batch, repeats)
         dedup.finish_folds(alias, folds)
-    return {job_id for job_id, outcome in rows if outcome != JournalOutcome.DISCARDED}
+    discarded = JournalOutcome.DISCARDED
+    return {(job_id, attempt) for job_id, attempt, outcome in rows if outcome != discarded}
 
 
 def _finish_postgresql(
@@ -195,8 +205,8 @@ def _finish_postgresql(
 
 def _write_orm(
     alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
-) -> set[int]:
-    applied: set[int] = set()
+) -> set[AppliedRun]:
+    applied: set[AppliedRun] = set()
     with transaction.atomic(using=alias):
         batch, folds = _folded(alias, verdicts, repeats)
         now = timezone.now()
@@ -245,7 +255,7 @@ def _write_orm(
             else:
                 updated = fenced.update(**changes)
             if updated:
-                applied.add(verdict.job.id)
+                applied.add((verdict.job.id, verdict.job.attempt))
             entries.append(
                 JournalEntry(
                     job_id=verdict.job.id,

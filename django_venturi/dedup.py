@@ -4,10 +4,10 @@ The database holds the invariant. A partial unique index allows one `ready` job
 per (kind, dedup_key); running jobs are not in it, so a job that is claimed
 leaves room for exactly one follow-up (`Merge.enqueue()`) behind it.
 
-Producers of one key take turns: each holds a transaction-level advisory lock
-on the key (PostgreSQL; SQLite's IMMEDIATE transactions serialise everything)
-while it finds the live job to merge with, locks that row, asks the task's
-`merge()` and writes the decision. The lock is held until the caller's
+Producers of one key take turns (`merging.py`): each holds a transaction-level
+advisory lock on the key (PostgreSQL; SQLite's IMMEDIATE transactions serialise
+everything) while it finds the live job to merge with, locks that row, asks the
+task's `merge()` and writes the decision. The lock is held until the caller's
 transaction ends, so a rollback undoes the merge and the next producer sees
 the job as it was. Workers returning a job to `ready` (pause, retry, release,
 lease expiry) take the same lock before they write: see `fold_returning`.
@@ -20,26 +20,23 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from django.db import OperationalError, connections, transaction
-from django.db.models import Case, F, IntegerField, Q, Value, When
-from django.db.models.functions import Now
+from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from django_venturi import text
 from django_venturi.clock import check_representable, database_time
 from django_venturi.codec import PayloadError
 from django_venturi.registry import TaskSpec, UnknownKind, registry
-from django_venturi.states import LIVE_STATES, Priority, State
+from django_venturi.states import Priority, State
 
 if TYPE_CHECKING:
-    from django_venturi.enqueue import NewJob
     from django_venturi.models import Job, JournalEntry
     from django_venturi.verdicts import Verdict
 
@@ -49,10 +46,6 @@ P = TypeVar("P")
 
 MAX_KEY_LENGTH = 200
 """The longest dedup key (the `Job.dedup_key` column)."""
-DEADLOCK_RETRIES = 5
-"""How often one enqueue is retried when PostgreSQL picks it as a deadlock victim."""
-MAX_ROUNDS = 20
-"""Clash rounds per enqueue: a new round starts only when the existing job just finished."""
 
 
 class MergeKind(enum.Enum):
@@ -244,25 +237,7 @@ def existing_of(alias: str, spec: TaskSpec, job: Job, **overrides: Any) -> Exist
     return Existing(**values)
 
 
-# ---------------------------------------------------------------- producers
-
-
-def enqueue_keyed(alias: str, new_job: NewJob) -> Job:
-    """Write one job that has a dedup key: insert it, or merge it with the live one."""
-    for attempt in range(DEADLOCK_RETRIES):
-        try:
-            with transaction.atomic(using=alias):
-                return _enqueue_keyed(alias, new_job)
-        except OperationalError as error:
-            # A cycle through rows this transaction locked earlier (another key's
-            # merge) and a worker's batch; the savepoint rolled back our part.
-            if not _is_deadlock(error) or attempt == DEADLOCK_RETRIES - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _is_deadlock(error: BaseException) -> bool:
-    return getattr(error.__cause__, "sqlstate", None) == "40P01"
+# ---------------------------------------------------------------- key locks
 
 
 def _lock_name(kind: str, key: str) -> str:
@@ -310,144 +285,6 @@ def with_keys_locked_now(alias: str, jobs: Sequence[Job]) -> list[Job]:
         )
         held = {row[0] for row in cursor.fetchall()}
     return [job for job in jobs if not job.dedup_key or _lock_name(job.kind, job.dedup_key) in held]
-
-
-_LIVE_SQL = """
-SELECT * FROM {table}
-WHERE kind = %s AND dedup_key = %s AND state IN ('ready', 'running')
-  -- A running job asked to cancel ends cancelled: it covers no new work.
-  AND (state = 'ready' OR cancel_requested_at IS NULL)
--- The ready job if there is one (a follow-up behind a running job), else the newest running.
-ORDER BY state = 'ready' DESC, id DESC
-LIMIT 1
--- A row that is claimed or finished while this waits for its lock is seen as it is
--- then: running, or skipped (the next candidate takes its place).
-FOR UPDATE
-"""
-
-
-def _live_first(alias: str, kind: str, key: str) -> Job | None:
-    """The live job a new one clashes with, row-locked: the ready one, else the newest running.
-
-    A running job whose cancel was requested is not a candidate: it will end
-    `cancelled` whatever its handler returns, so work merged into it would be lost.
-    The new job queues behind it as a follow-up instead.
-    """
-    from django_venturi.models import Job
-
-    if connections[alias].vendor == "postgresql":
-        table = connections[alias].ops.quote_name(Job._meta.db_table)
-        found = list(Job.objects.db_manager(alias).raw(_LIVE_SQL.format(table=table), [kind, key]))
-        return found[0] if found else None
-    ready_first = Case(
-        When(state=State.READY, then=Value(0)), default=Value(1), output_field=IntegerField()
-    )
-    return (
-        Job.objects.using(alias)
-        .filter(kind=kind, dedup_key=key, state__in=LIVE_STATES)
-        .exclude(state=State.RUNNING, cancel_requested_at__isnull=False)
-        .order_by(ready_first, "-id")
-        .first()
-    )
-
-
-def _enqueue_keyed(alias: str, new_job: NewJob) -> Job:
-    from django_venturi.enqueue import insert_keyed
-
-    assert new_job.dedup_key is not None
-    spec = registry.get(new_job.kind)
-    lock_keys(alias, [(new_job.kind, new_job.dedup_key)])
-    for _ in range(MAX_ROUNDS):
-        existing = _live_first(alias, new_job.kind, new_job.dedup_key)
-        if existing is None or existing.state == State.RUNNING:
-            if existing is not None:
-                decision = decide(spec, new_job.instance, existing_of(alias, spec, existing))
-                if decision.kind is not MergeKind.ENQUEUE:
-                    return _apply(alias, spec, new_job, existing, decision)
-            inserted = insert_keyed(alias, new_job)
-            if inserted is not None:
-                return inserted
-            continue  # a ready job appeared (a rolled-back finish): clash with it
-        decision = decide(spec, new_job.instance, existing_of(alias, spec, existing))
-        return _apply(alias, spec, new_job, existing, decision)
-    raise RuntimeError(
-        f"could not enqueue {new_job.kind} with dedup_key {new_job.dedup_key!r}: "
-        f"the live job kept changing for {MAX_ROUNDS} rounds"
-    )
-
-
-def _apply(alias: str, spec: TaskSpec, new_job: NewJob, job: Job, decision: Merge) -> Job:
-    payload = new_payload(spec, new_job.instance, decision)
-    if connections[alias].vendor == "postgresql":
-        _apply_postgresql(alias, job, payload, decision)
-    else:
-        _apply_orm(alias, job, payload, decision)
-    logger.debug(
-        "merged a %s enqueue into job %d (%s)",
-        job.kind,
-        job.pk,
-        decision.kind.value,
-        extra={"job_id": job.pk, "kind": job.kind, "merge": decision.kind.value},
-    )
-    return job
-
-
-_MERGE_SQL = """
-WITH merged AS (
-    UPDATE {table}
-    SET merged_count = merged_count + 1,
-        last_merged_at = now(),
-        payload = coalesce(%s::jsonb, payload),
-        run_at = coalesce(%s::timestamptz, run_at),
-        priority = coalesce(%s::smallint, priority)
-    WHERE id = %s
-    RETURNING payload, run_at, priority, merged_count, last_merged_at, state, queue
-),
--- A ready job may have become due sooner: wake the workers at commit.
-notified AS (SELECT pg_notify(%s, queue) FROM merged WHERE state = 'ready')
-SELECT payload, run_at, priority, merged_count, last_merged_at, (SELECT count(*) FROM notified)
-FROM merged
-"""
-
-
-def _apply_postgresql(
-    alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge
-) -> None:
-    from django_venturi.conf import venturi_settings
-    from django_venturi.models import Job
-
-    connection = connections[alias]
-    sql = _MERGE_SQL.format(table=connection.ops.quote_name(Job._meta.db_table))
-    params = [
-        None if payload is None else json.dumps(payload),
-        decision.run_at,
-        None if decision.priority is None else int(decision.priority),
-        job.pk,
-        venturi_settings.NOTIFY_CHANNEL,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    assert row is not None  # the row is locked by this transaction
-    stored = row[0]
-    job.payload = json.loads(stored) if isinstance(stored, str) else stored
-    job.run_at, job.priority, job.merged_count, job.last_merged_at = row[1:5]
-
-
-def _apply_orm(alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge) -> None:
-    from django_venturi.models import Job
-
-    changes: dict[str, Any] = {"merged_count": F("merged_count") + 1, "last_merged_at": Now()}
-    if payload is not None:
-        changes["payload"] = payload
-    if decision.run_at is not None:
-        changes["run_at"] = decision.run_at
-    if decision.priority is not None:
-        changes["priority"] = int(decision.priority)
-    Job.objects.using(alias).filter(pk=job.pk).update(**changes)
-    job.refresh_from_db(
-        using=alias, fields=["payload", "run_at", "priority", "merged_count", "last_merged_at"]
-    )
 
 
 # ---------------------------------------------------------------- workers

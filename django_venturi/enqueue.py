@@ -22,15 +22,14 @@ from django.db import connections, transaction
 from django.db.models import NOT_PROVIDED
 from django.utils import timezone
 
-from django_venturi import statements
+from django_venturi import dedup, merging, statements
 from django_venturi.backoff import MAX_DELAY
 from django_venturi.clock import check_representable
 from django_venturi.conf import venturi_settings
 from django_venturi.dedup import key_of
 from django_venturi.models import Job
-from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, validate_name
+from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, spec_of, validate_name
 from django_venturi.states import Priority, State
-from django_venturi.tasks import spec_of
 
 PRIORITY_VALUES = frozenset(Priority.values)
 INSERT_BATCH_SIZE = 5000
@@ -93,7 +92,7 @@ def enqueue_many(
     `ValueError`, `PayloadError`), what a task's `dedup_key()` or
     `merge()` raises, and the database's errors as they are
     (`django.db.DatabaseError`); a deadlock of a keyed enqueue is retried a few
-    times first (`dedup.DEADLOCK_RETRIES`).
+    times first (`merging.DEADLOCK_RETRIES`).
 
     Jobs with a dedup key are written one by one after the others, each one
     merged with the live job of its key (or with an earlier one of the batch).
@@ -117,10 +116,8 @@ def enqueue_many(
 
 
 def _enqueue_mixed(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
-    from django_venturi import dedup
-
     if len(new_jobs) == 1:
-        return [dedup.enqueue_keyed(alias, new_jobs[0])]
+        return [merging.enqueue_keyed(alias, new_jobs[0], insert_keyed)]
     results: list[Job | None] = [None] * len(new_jobs)
     plain = [index for index, job in enumerate(new_jobs) if job.dedup_key is None]
     with transaction.atomic(using=alias):
@@ -136,7 +133,7 @@ def _enqueue_mixed(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
         )
         dedup.lock_keys(alias, [(new_jobs[i].kind, new_jobs[i].dedup_key or "") for i in keyed])
         for index in keyed:
-            results[index] = dedup.enqueue_keyed(alias, new_jobs[index])
+            results[index] = merging.enqueue_keyed(alias, new_jobs[index], insert_keyed)
     return [job for job in results if job is not None]
 
 

@@ -136,3 +136,12 @@ def default_kind(cls: type) -> str:
         if config is not None:
             label = config.label
     return f"{label}.{cls.__name__}"
+
+
+def spec_of(instance_or_class: object) -> TaskSpec:
+    """Return the spec of a task instance or class, or explain that it is not a task."""
+    cls = instance_or_class if isinstance(instance_or_class, type) else type(instance_or_class)
+    spec = getattr(cls, "venturi_spec", None)
+    if not isinstance(spec, TaskSpec) or spec.cls is not cls:
+        raise TypeError(f"{cls.__qualname__} is not a task: decorate it with @venturi.task")
+    return spec

@@ -28,7 +28,7 @@ from django import db
 from django_venturi import progress, signals
 from django_venturi import verdicts as verdicts_module
 from django_venturi.claim import RunKey
-from django_venturi.completion import write_verdicts
+from django_venturi.completion import AppliedRun, write_runs
 from django_venturi.reconnect import DATABASE_ERRORS
 from django_venturi.run_events import RunEvents
 from django_venturi.runs import Runs
@@ -149,7 +149,7 @@ class ResultsWriter(Service):
     def _write(self, pending: list[Verdict]) -> bool:
         """Write the batch; False if it must be tried again (the database is away)."""
         try:
-            applied = write_verdicts(self.alias, self.events.worker, pending)
+            applied = write_runs(self.alias, self.events.worker, pending)
         except Exception as error:
             self._failures[0] += 1
             self.health.failed(error, what="writing results", repeated=self._failures[0] > 1)
@@ -170,7 +170,7 @@ class ResultsWriter(Service):
         """Isolate the verdicts the database refuses; False if any must be tried again."""
         done: list[Verdict] = []
         again: list[Verdict] = []
-        applied: set[int] = set()
+        applied: set[AppliedRun] = set()
         for index, verdict in enumerate(pending):
             try:
                 applied |= self._write_alone(verdict)
@@ -187,14 +187,14 @@ class ResultsWriter(Service):
             self._failures[0] = 0
         return not again
 
-    def _write_alone(self, verdict: Verdict) -> set[int]:
+    def _write_alone(self, verdict: Verdict) -> set[AppliedRun]:
         """Write one verdict; replace it by a failed run if the database refuses it.
 
         Raises a database error that may pass (the database is away, a lock or
         deadlock that has not yet recurred TRANSIENT_TRIES times for this run).
         """
         try:
-            applied = write_verdicts(self.alias, self.events.worker, [verdict])
+            applied = write_runs(self.alias, self.events.worker, [verdict])
         except Exception as error:
             if self._may_pass(verdict, error):
                 raise
@@ -214,7 +214,7 @@ class ResultsWriter(Service):
             extra=self.events.log_extra(verdict.job, JournalOutcome.FAILED),
         )
         try:
-            return write_verdicts(self.alias, self.events.worker, [replacement])
+            return write_runs(self.alias, self.events.worker, [replacement])
         except Exception as error:
             if isinstance(error, DATABASE_ERRORS) and self._database_away(error):
                 raise
@@ -243,9 +243,10 @@ class ResultsWriter(Service):
         self.health.failed(error, what="writing a result")
         return self.health.is_down
 
-    def _written(self, written: Sequence[Verdict], applied: set[int]) -> None:
+    def _written(self, written: Sequence[Verdict], applied: set[AppliedRun]) -> None:
         """After a write: signals, follow-ups, and the runs are held no more."""
         for verdict in written:
+            was_applied = (verdict.job.id, verdict.job.attempt) in applied
             self.events.send(
                 signals.job_finished,
                 job_id=verdict.job.id,
@@ -253,13 +254,13 @@ class ResultsWriter(Service):
                 queue=verdict.job.queue,
                 attempt=verdict.job.attempt,
                 worker=self.events.worker,
-                outcome=verdict.outcome if verdict.job.id in applied else JournalOutcome.DISCARDED,
+                outcome=verdict.outcome if was_applied else JournalOutcome.DISCARDED,
                 duration=verdict.duration,
                 error_type=verdict.error.type,
             )
         for verdict in written:
             if verdict.after_write is not None:
-                self._after_write(verdict, verdict.job.id in applied)
+                self._after_write(verdict, (verdict.job.id, verdict.job.attempt) in applied)
         self.runs.written(verdict.job for verdict in written)
         self.processed += len(written)
         self._on_written()

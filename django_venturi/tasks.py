@@ -211,12 +211,3 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
 def _check_positive(name: str, field: str, value: object) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise RegistrationError(f"{name}: {field} must be a positive int or None, got {value!r}")
-
-
-def spec_of(instance_or_class: object) -> TaskSpec:
-    """Return the spec of a task instance or class, or explain that it is not a task."""
-    cls = instance_or_class if isinstance(instance_or_class, type) else type(instance_or_class)
-    spec = getattr(cls, "venturi_spec", None)
-    if not isinstance(spec, TaskSpec) or spec.cls is not cls:
-        raise TypeError(f"{cls.__qualname__} is not a task: decorate it with @venturi.task")
-    return spec

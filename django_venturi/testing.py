@@ -110,7 +110,7 @@ def enqueued(
     Keyword arguments filter on payload fields: `enqueued(SendEmail, to="a@example.com")`.
     """
     from django_venturi.models import Job
-    from django_venturi.tasks import spec_of
+    from django_venturi.registry import spec_of
 
     spec = spec_of(task)
     names = {field.name for field in dataclasses.fields(task)}  # type: ignore[arg-type]
@@ -198,6 +198,6 @@ def _alias(using: str | None) -> str:
 def _kind_name(kind: str | type) -> str:
     if isinstance(kind, str):
         return kind
-    from django_venturi.tasks import spec_of
+    from django_venturi.registry import spec_of
 
     return spec_of(kind).kind
