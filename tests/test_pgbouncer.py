@@ -127,7 +127,10 @@ def start_pgbouncer(server: dict[str, Any]) -> PgBouncer:
     """PgBouncer in front of the server and database of `server` (a Django settings dict)."""
     executable = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not os.path.exists(executable):
-        pytest.fail("pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)")
+        reason = "pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)  # CI must run these tests
+        pytest.skip(reason)
     directory = Path(tempfile.mkdtemp(prefix="venturi-pgbouncer-"))
     port = free_port()
     ini = write_config(directory, port, server)
