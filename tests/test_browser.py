@@ -132,10 +132,13 @@ def example_site(tmp_path: Path) -> Iterator[str]:
 
 def test_an_operator_finds_a_failed_job_retries_it_and_reads_the_stats(example_site: str) -> None:
     if not CHROMIUM.exists():
-        pytest.fail(
+        reason = (
             f"{CHROMIUM} is missing: the browser test needs Debian's Chromium. Install it with\n"
             "  apt-get install -y chromium\n(.ci/run does this when it is missing)."
         )
+        if os.environ.get("CI"):
+            pytest.fail(reason)  # CI must run it
+        pytest.skip(reason)
     from playwright.sync_api import expect, sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
