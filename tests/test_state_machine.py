@@ -346,12 +346,14 @@ class Lifecycle(RuleBasedStateMachine):
 
     @rule(chosen=st.lists(runs, min_size=1, max_size=3))
     def heartbeat(self, chosen: list[ClaimedJob]) -> None:
-        held = leases.extend(self.alias, chosen)
+        extension = leases.extend(self.alias, chosen)
         expected = {
-            run.id for run in chosen if run.id in self.jobs and self.jobs[run.id].holds(run)
+            run.run_key for run in chosen if run.id in self.jobs and self.jobs[run.id].holds(run)
         }
-        assert held == expected
-        for job_id in held:
+        # One session at a time here: no row is locked by another, none is skipped.
+        assert extension.busy == set()
+        assert extension.extended == expected
+        for job_id, _ in extension.extended:
             self.jobs[job_id].expired = False
 
     @precondition(lambda self: any(job.state == "running" for job in self.jobs.values()))
