@@ -32,8 +32,8 @@ from django_venturi.supervision import DatabaseHealth, Service
 
 BUSY_RETRY = 0.1
 """Seconds before extending again a lease whose row was locked."""
-ORPHAN_AUDIT_INTERVAL = 10.0
-"""Seconds between two looks for this worker's orphans."""
+ORPHAN_AUDIT_BEATS = 3
+"""Heartbeats between two looks for this worker's orphans."""
 
 
 class Heartbeat(Service):
@@ -62,7 +62,7 @@ class Heartbeat(Service):
         self._on_cancel = on_cancel
         self._done = threading.Event()
         self._failures = [0]
-        self._next_audit = time.monotonic() + ORPHAN_AUDIT_INTERVAL
+        self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * interval
 
     def stop(self) -> None:
         self._done.set()
@@ -96,7 +96,7 @@ class Heartbeat(Service):
         ):
             self._register()
         if time.monotonic() >= self._next_audit:
-            self._next_audit = time.monotonic() + ORPHAN_AUDIT_INTERVAL
+            self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * self.interval
             leases.recover_orphans(self.alias, self.worker, self._held_keys())
         return busy
 

@@ -57,7 +57,7 @@ LONG = os.environ.get("VENTURI_LONG_PROPERTIES") == "1"
 PROFILE = (
     settings(max_examples=400, stateful_step_count=80, deadline=None)
     if LONG
-    else settings(max_examples=30, stateful_step_count=35, deadline=None, derandomize=True)
+    else settings(max_examples=15, stateful_step_count=35, deadline=None, derandomize=True)
 )
 BACKOFF = venturi.Fibonacci(base=timedelta(minutes=1), cap=timedelta(hours=1))
 """Retries are never due at once (the shortest delay is 54 s): only `time_passes` makes them."""
