@@ -220,6 +220,18 @@ def new_payload(spec: TaskSpec, instance: object, decision: Merge) -> dict[str, 
     return None
 
 
+def decided_changes(payload: dict[str, Any] | None, decision: Merge) -> dict[str, Any]:
+    """The fields of the existing job that a merge decision changes."""
+    changes: dict[str, Any] = {}
+    if payload is not None:
+        changes["payload"] = payload
+    if decision.run_at is not None:
+        changes["run_at"] = decision.run_at
+    if decision.priority is not None:
+        changes["priority"] = int(decision.priority)
+    return changes
+
+
 def existing_of(alias: str, spec: TaskSpec, job: Job, **overrides: Any) -> Existing[Any]:
     values: dict[str, Any] = {
         "alias": alias,
@@ -440,12 +452,7 @@ def _fold(alias: str, survivor: Job, verdict: Verdict, others: list[Job], now: d
                 extra={"job_id": survivor.pk, "kind": survivor.kind, "absorbed": other.pk},
             )
             continue
-        if payload is not None:
-            changes["payload"] = payload
-        if decision.run_at is not None:
-            changes["run_at"] = decision.run_at
-        if decision.priority is not None:
-            changes["priority"] = int(decision.priority)
+        changes.update(decided_changes(payload, decision))
     changes["merged_count"] = merged
     changes["last_merged_at"] = now
     return Fold(survivor=survivor.pk, changes=changes, absorbed=absorbed)

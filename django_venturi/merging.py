@@ -25,6 +25,7 @@ from django_venturi.dedup import (
     Merge,
     MergeKind,
     decide,
+    decided_changes,
     existing_of,
     lock_keys,
     new_payload,
@@ -203,12 +204,7 @@ def _apply_orm(alias: str, job: Job, payload: dict[str, Any] | None, decision: M
     from django_venturi.models import Job
 
     changes: dict[str, Any] = {"merged_count": F("merged_count") + 1, "last_merged_at": Now()}
-    if payload is not None:
-        changes["payload"] = payload
-    if decision.run_at is not None:
-        changes["run_at"] = decision.run_at
-    if decision.priority is not None:
-        changes["priority"] = int(decision.priority)
+    changes.update(decided_changes(payload, decision))
     Job.objects.using(alias).filter(pk=job.pk).update(**changes)
     job.refresh_from_db(
         using=alias, fields=["payload", "run_at", "priority", "merged_count", "last_merged_at"]
