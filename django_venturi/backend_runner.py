@@ -234,7 +234,7 @@ def _in_handler_of(error: BaseException, call: Callable[[], None]) -> None:
     Django's own backends send `task_finished` of a failed task from their
     `except` block, and both frameworks' logging receivers rely on it: they log
     `sys.exc_info()` (the backport with `logger.exception`), which error trackers
-    such as Sentry pick up. venturi sends it later, from the completer thread once
+    such as Sentry pick up. venturi sends it later, from the results writer once
     the verdict is written, so the task's exception is raised again here. Raising
     prepends this frame to its traceback (and would chain a handled exception as
     its context): both are put back, so `sys.exc_info()` gives the traceback the

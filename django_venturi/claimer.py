@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from django_venturi import leases
 from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim, seconds_until_next_due
@@ -22,7 +23,9 @@ from django_venturi.periodic import Scheduler
 from django_venturi.registry import registry
 from django_venturi.runs import Runs
 from django_venturi.scheduling import TierClock
-from django_venturi.supervision import DatabaseHealth
+from django_venturi.supervision import DatabaseHealth, Streak
+
+T = TypeVar("T")
 
 PREFETCH_FACTOR = 2
 """A worker holds up to this many times `concurrency` jobs: the rest wait in a local
@@ -74,12 +77,13 @@ class Claimer:
         self._service_died = service_died
         self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
         self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
-        self._failures = [0]
+        self._streak = Streak()
 
-    def _guarded(self, action: Callable[[], object], what: str) -> object | None:
-        result = self.health.guarded(action, what=what, failures=self._failures)
-        if result is None and self._failures[0]:
-            self._stop.wait(self.health.delay(self._failures[0]))
+    def _guarded(self, action: Callable[[], T], what: str) -> T | None:
+        """A step of the loop; after a failure, wait before the loop goes on."""
+        result = self.health.guarded(action, what=what, streak=self._streak)
+        if result is None and self._streak.count:
+            self._stop.wait(self.health.delay(self._streak.count))
         return result
 
     def loop(self) -> None:
@@ -126,8 +130,7 @@ class Claimer:
                 self.handlers.dispatch(self._make_execution(job, claimed))
             return jobs
 
-        result = self._guarded(claim_and_dispatch, "claiming jobs")
-        return None if result is None else list(result)  # type: ignore[call-overload]
+        return self._guarded(claim_and_dispatch, "claiming jobs")
 
     def _request(self, free: int) -> ClaimRequest:
         kinds = registry.kinds()
@@ -158,7 +161,6 @@ class Claimer:
         until_due = self.health.guarded(
             lambda: seconds_until_next_due(self.alias, self._request(1)),
             what="looking for the next due job",
-            failures=[0],
         )
         if until_due is None:
             return self.poll_interval
@@ -184,8 +186,7 @@ class Claimer:
         Verdicts waiting to be written beyond UNWRITTEN_ALLOWANCE hold claims
         back, so a slow database never lets held jobs (and memory) pile up.
         """
-        busy = self.runs.busy()
-        unwritten = self.runs.unwritten()
+        busy, unwritten = self.runs.busy_and_unwritten()
         return capacity - busy - max(0, unwritten - UNWRITTEN_ALLOWANCE)
 
     def _confirm_nothing_due(self) -> bool:

@@ -71,7 +71,7 @@ class Execution:
     # ------------------------------------------------------------ progress
 
     def record_progress(self, progress: dict[str, Any]) -> None:
-        """Keep the latest `ctx.progress()`; the completer writes it (throttled)."""
+        """Keep the latest `ctx.progress()`; the results writer writes it (throttled)."""
         with self._progress_lock:
             self._progress = progress
             self._progress_dirty = True

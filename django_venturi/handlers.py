@@ -201,21 +201,36 @@ class Handlers:
 
     def finish(self, execution: Execution, verdict: Verdict) -> None:
         """A run's handler returned: queue its verdict, unless the run was ended already."""
-        if execution.abandoned:
-            self._late_result(execution, verdict)
+        if not self.runs.end(execution):
+            self._ended_before(execution, verdict.outcome)
             return
         dirty, last_progress = execution.take_progress()
         if dirty:
             verdict = dataclasses.replace(verdict, set_progress=True, progress=last_progress)
-        if execution.started is not None:
-            verdict = dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
-            self._observe_duration(verdict.duration)
-        if not self.runs.end(execution):
-            self._dropped(execution, verdict)
-            return
+        verdict = _timed(execution, verdict)
+        self._observe_duration(verdict.duration)
+        self._decided(verdict)
+
+    def _decided(self, verdict: Verdict) -> None:
+        """The one verdict of a run: to the results writer, to the log, and wake the claimer."""
         self.results.submit(verdict)
         self.events.verdict(verdict)
         self._wake()
+
+    def _ended_before(self, execution: Execution, outcome: str) -> None:
+        """A handler came back after its run was ended (released, or abandoned at its
+        timeout): its result is dropped."""
+        with self._lock:  # `abandon` ends the run and marks it in one step under this lock
+            abandoned = execution.abandoned
+        if abandoned:
+            self._late_result(execution, outcome)
+            return
+        logger.warning(
+            "job %d: its handler returned %s after the run was released; result discarded",
+            execution.job.id,
+            outcome,
+            extra=self.events.log_extra(execution.job, JournalOutcome.DISCARDED),
+        )
 
     def _failed_around(self, execution: Execution, error: BaseException) -> None:
         """The worker's own code around a handler failed: a retryable failure of the run."""
@@ -227,23 +242,13 @@ class Handlers:
             extra=self.events.log_extra(execution.job, JournalOutcome.RETRY),
         )
         if not self.runs.end(execution):
-            return  # its verdict was decided already
+            self._ended_before(execution, JournalOutcome.RETRY)
+            return
         try:
             spec = registry.get(execution.job.kind)
         except UnknownKind:
             spec = None
-        verdict = verdicts.retry(execution.job, spec, ErrorInfo.from_exception(error))
-        self.results.submit(verdict)
-        self.events.verdict(verdict)
-        self._wake()
-
-    def _dropped(self, execution: Execution, verdict: Verdict) -> None:
-        logger.warning(
-            "job %d: its handler returned %s after the run was released; result discarded",
-            execution.job.id,
-            verdict.outcome,
-            extra=self.events.log_extra(execution.job, JournalOutcome.DISCARDED),
-        )
+        self._decided(verdicts.retry(execution.job, spec, ErrorInfo.from_exception(error)))
 
     def _observe_duration(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -268,9 +273,9 @@ class Handlers:
 
     def abandon(self, execution: Execution) -> None:
         """A sync handler is past its timeout and grace: end the run, reclaim the slot."""
-        if not self.runs.end(execution):
-            return  # it returned meanwhile
         with self._lock:
+            if not self.runs.end(execution):
+                return  # it returned meanwhile
             execution.abandoned = True
             execution.lease_lost.set()
             self._lost_threads += 1
@@ -280,10 +285,7 @@ class Handlers:
             lost = self._lost_threads
         spec = registry.get(execution.job.kind)
         verdict = execution.timeout_verdict(spec, grace=f" and its grace of {_grace()}")
-        if execution.started is not None:
-            verdict = dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
-        self.results.submit(verdict)
-        self.events.verdict(verdict)
+        self._decided(_timed(execution, verdict))
         if execution.replaced:
             self._add_thread()
             logger.warning(
@@ -301,9 +303,8 @@ class Handlers:
                 lost,
                 extra=self.events.log_extra(execution.job, JournalOutcome.TIMEOUT),
             )
-        self._wake()
 
-    def _late_result(self, execution: Execution, verdict: Verdict) -> None:
+    def _late_result(self, execution: Execution, outcome: str) -> None:
         """An abandoned handler returned at last: drop its result, give its slot back."""
         with self._lock:
             self._lost_threads -= 1
@@ -312,10 +313,17 @@ class Handlers:
         logger.warning(
             "job %d: the abandoned handler returned %s late; result discarded",
             execution.job.id,
-            verdict.outcome,
+            outcome,
             extra=self.events.log_extra(execution.job, JournalOutcome.DISCARDED),
         )
         self._wake()
+
+
+def _timed(execution: Execution, verdict: Verdict) -> Verdict:
+    """The verdict with how long its handler ran (if it started)."""
+    if execution.started is None:
+        return verdict
+    return dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
 
 
 def _grace() -> timedelta:

@@ -25,10 +25,9 @@ from collections.abc import Callable
 from django import db
 
 from django_venturi import leases, registration
-from django_venturi.claim import RunKey
 from django_venturi.execution import Execution
 from django_venturi.runs import Runs
-from django_venturi.supervision import DatabaseHealth, Service
+from django_venturi.supervision import DatabaseHealth, Service, Streak
 
 BUSY_RETRY = 0.1
 """Seconds before extending again a lease whose row was locked."""
@@ -61,7 +60,7 @@ class Heartbeat(Service):
         self._processed = processed
         self._on_cancel = on_cancel
         self._done = threading.Event()
-        self._failures = [0]
+        self._streak = Streak()
         self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * interval
 
     def stop(self) -> None:
@@ -70,9 +69,9 @@ class Heartbeat(Service):
     def loop(self) -> None:
         wait = self.interval
         while not self._done.wait(wait):
-            busy = self.health.guarded(self.beat, what="the heartbeat", failures=self._failures)
+            busy = self.health.guarded(self.beat, what="the heartbeat", streak=self._streak)
             if busy is None:
-                wait = min(self.interval, self.health.delay(self._failures[0]))
+                wait = min(self.interval, self.health.delay(self._streak.count))
             else:
                 wait = BUSY_RETRY if busy else self.interval
 
@@ -97,11 +96,9 @@ class Heartbeat(Service):
             self._register()
         if time.monotonic() >= self._next_audit:
             self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * self.interval
-            leases.recover_orphans(self.alias, self.worker, self._held_keys())
+            # Held as of this beat's start: a run claimed since has a fresh lease.
+            leases.recover_orphans(self.alias, self.worker, [e.job.run_key for e in held])
         return busy
-
-    def _held_keys(self) -> set[RunKey]:
-        return {execution.job.run_key for execution in self.runs.held()}
 
     def extend_one(self, execution: Execution) -> bool:
         """`ctx.heartbeat()`: extend one run's lease from its handler's thread."""

@@ -146,8 +146,9 @@ def recover_expired(alias: str, worker: str) -> list[int]:
 
 
 def recover_orphans(alias: str, worker: str, held: Iterable[RunKey]) -> list[int]:
-    """Recover the expired jobs claimed by `worker` that it does not hold (their claim's
-    answer never reached it); return their ids."""
+    """Recover the expired jobs claimed by `worker` that it does not hold (a claim whose
+    answer never reached it, a verdict the database refused even as a failed run);
+    return their ids."""
     keep = set(held)
     mine = _expired(alias).filter(claimed_by=worker)
     return _recover(alias, worker, mine, skip=lambda job: (job.pk, job.claim_token) in keep)
@@ -181,15 +182,16 @@ def _recover(
     skip: Callable[[Job], bool] = lambda job: False,
 ) -> list[int]:
     with transaction.atomic(using=alias):
-        rows = list(
-            expired.select_for_update(skip_locked=True, of=("self",)).order_by("lease_expires_at")[
-                :RECOVERY_BATCH_SIZE
-            ]
-        )
+        rows = [
+            job
+            for job in expired.select_for_update(skip_locked=True, of=("self",)).order_by(
+                "lease_expires_at"
+            )[:RECOVERY_BATCH_SIZE]
+            if not skip(job)
+        ]
         # Keys after rows, so without waiting: a keyed job whose key a producer holds
         # is left for the next round (waiting could deadlock with that producer).
-        rows = dedup.with_keys_locked_now(alias, rows)
-        lost = [_lost_run(job) for job in rows if not skip(job)]
+        lost = [_lost_run(job) for job in dedup.with_keys_locked_now(alias, rows)]
         write_verdicts(alias, worker, lost)
     return [verdict.job.id for verdict in lost]
 

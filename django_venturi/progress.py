@@ -1,7 +1,7 @@
 """Writing `ctx.progress()`: throttled, fenced by claim token, off the handler's thread.
 
 A handler may call `ctx.progress()` as often as it likes: the call only keeps
-the latest value in memory. The worker's completer thread writes the values
+the latest value in memory. The worker's results writer writes the values
 that changed, at most once per `PROGRESS_INTERVAL` for each job, and the last
 value goes with the run's verdict. A worker that lost a job's claim writes
 nothing for it.

@@ -33,7 +33,7 @@ from django_venturi.reconnect import DATABASE_ERRORS
 from django_venturi.run_events import RunEvents
 from django_venturi.runs import Runs
 from django_venturi.states import JournalOutcome
-from django_venturi.supervision import DatabaseHealth, Service
+from django_venturi.supervision import DatabaseHealth, Service, Streak
 from django_venturi.verdicts import ErrorInfo, Verdict
 
 logger = logging.getLogger("django_venturi.worker")
@@ -43,11 +43,8 @@ BATCH = 500
 CLOSING_POLL = 0.02
 """While closing: how often to look whether every held run's verdict has come."""
 TRANSIENT_TRIES = 3
-"""A batch failing this many times in a row with the database up is written one by one."""
-
-
-class Unwritable(Exception):
-    """The database refused a verdict on its own (not because it went away)."""
+"""A batch failing this many times in a row with the database up is written one by one;
+a verdict failing alone this many times (a deadlock, a lock timeout) is replaced."""
 
 
 class ResultsWriter(Service):
@@ -74,7 +71,7 @@ class ResultsWriter(Service):
         self._queue: queue.SimpleQueue[Verdict | None] = queue.SimpleQueue()
         self._pending: list[Verdict] = []
         self._closing = False
-        self._failures = [0]
+        self._streak = Streak()
         self._transient: dict[RunKey, int] = {}
         """Runs whose lone write failed with a database error that may pass: how often."""
 
@@ -108,7 +105,7 @@ class ResultsWriter(Service):
             elif self._closing and self._force.is_set():
                 self._give_up_on_pending()
             else:
-                time.sleep(self.health.delay(self._failures[0]))
+                time.sleep(self.health.delay(self._streak.count))
 
     def _take(self, timeout: float) -> bool:
         """Wait for a verdict; False if none came (or the end marker did)."""
@@ -151,12 +148,12 @@ class ResultsWriter(Service):
         try:
             applied = write_runs(self.alias, self.events.worker, pending)
         except Exception as error:
-            self._failures[0] += 1
-            self.health.failed(error, what="writing results", repeated=self._failures[0] > 1)
+            self._streak.count += 1
+            self.health.failed(error, what="writing results", repeated=self._streak.count > 1)
             if self.health.is_down or not self._write_one_by_one_now(error):
                 return False
             return self._write_each(pending)
-        self._failures[0] = 0
+        self._streak.count = 0
         self.health.back()
         self._written(pending, applied)
         return True
@@ -164,7 +161,7 @@ class ResultsWriter(Service):
     def _write_one_by_one_now(self, error: Exception) -> bool:
         """A transient error (deadlock, lock timeout) gets a few more tries as a batch."""
         transient = isinstance(error, DATABASE_ERRORS)
-        return not transient or self._failures[0] >= TRANSIENT_TRIES
+        return not transient or self._streak.count >= TRANSIENT_TRIES
 
     def _write_each(self, pending: list[Verdict]) -> bool:
         """Isolate the verdicts the database refuses; False if any must be tried again."""
@@ -184,7 +181,7 @@ class ResultsWriter(Service):
         self._written(done, applied)
         self._pending = again
         if not again:
-            self._failures[0] = 0
+            self._streak.count = 0
         return not again
 
     def _write_alone(self, verdict: Verdict) -> set[AppliedRun]:
@@ -290,7 +287,6 @@ class ResultsWriter(Service):
             self.health.guarded(
                 lambda: progress.write_progress(self.alias, updates),
                 what="writing progress",
-                failures=[0],
             )
 
 
@@ -298,7 +294,7 @@ def unwritable(verdict: Verdict, error: Exception) -> Verdict:
     """The failed run that replaces a verdict the database refused."""
     reason = (
         f"the worker could not store this run's verdict ({verdict.outcome}): "
-        f"{type(error).__name__}: {error!r}"  # repr: no NUL or lone surrogate gets through
+        f"{error!r}"  # repr: no NUL or lone surrogate gets through
     )
     failed = verdicts_module.failed(
         verdict.job, ErrorInfo.from_reason(reason, type="django_venturi.UnwritableVerdict")

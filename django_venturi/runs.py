@@ -99,8 +99,13 @@ class Runs:
 
     def unwritten(self) -> int:
         """Runs that ended and wait for their verdict's write."""
+        return self.busy_and_unwritten()[1]
+
+    def busy_and_unwritten(self) -> tuple[int, int]:
+        """`busy()` and `unwritten()` in one look (the claim loop's, every turn)."""
         with self._lock:
-            return len(self._held) - len(self._queued) - len(self._executing)
+            busy = len(self._queued) + len(self._executing)
+            return busy, len(self._held) - busy
 
     def idle(self) -> bool:
         with self._lock:

@@ -14,4 +14,4 @@ job_finished = Signal()
 `attempt`, `worker`, `outcome` (a `JournalOutcome` value: `discarded` when the
 worker had lost the job), `duration` (seconds the handler ran, or None for a
 job released before it started), `error_type` ('' when none). Sent from the
-worker's completer thread after the write, with `sender` = `Worker`."""
+worker's results writer after the write, with `sender` = `Worker`."""

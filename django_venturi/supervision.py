@@ -14,6 +14,7 @@ then stops claiming, releases what the worker holds and exits non-zero.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -34,6 +35,13 @@ ERROR_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Waits between tries of a step that keeps failing with the database up."""
 
 
+@dataclasses.dataclass
+class Streak:
+    """How many times in a row a loop's step has failed (it paces the retries)."""
+
+    count: int = 0
+
+
 class DatabaseHealth:
     """Whether the worker reaches its database, shared by all of its threads."""
 
@@ -50,16 +58,19 @@ class DatabaseHealth:
         with self._lock:
             return self._down_since is not None
 
-    def guarded(self, action: Callable[[], T], *, what: str, failures: list[int]) -> T | None:
+    def guarded(
+        self, action: Callable[[], T], *, what: str, streak: Streak | None = None
+    ) -> T | None:
         """Run a step of a loop; on any error log it, mend this thread's connections and
-        return None. `failures` is the caller's count of consecutive failures (one cell)."""
+        return None. `streak` counts the loop's failures in a row (pass one to pace retries)."""
+        streak = streak or Streak()
         try:
             result = action()
         except Exception as error:
-            failures[0] += 1
-            self.failed(error, what=what, repeated=failures[0] > 1)
+            streak.count += 1
+            self.failed(error, what=what, repeated=streak.count > 1)
             return None
-        failures[0] = 0
+        streak.count = 0
         self.back()
         return result
 
@@ -149,7 +160,6 @@ class Service:
         self.failure: BaseException | None = None
         self.on_death: Callable[[], None] = lambda: None
         """Called if the loop ends on an error (the supervisor's wake-up)."""
-        self.finished = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"venturi-{self.name}", daemon=True)
 
     def start(self) -> None:
@@ -174,7 +184,6 @@ class Service:
             self.on_death()
         finally:
             _close_connections()
-            self.finished.set()
 
     def died(self) -> bool:
         """Whether the loop ended on an error (the supervisor must stop the worker)."""

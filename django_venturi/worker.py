@@ -195,7 +195,7 @@ class Worker:
         # that never ran must not be listed as live.
         telemetry.install(database=self.database)
         self._start_services()
-        self.health.guarded(self._register, what="registering the worker", failures=[0])
+        self.health.guarded(self._register, what="registering the worker")
         try:
             Sweeper.start_if_configured(alias=self.database, stop=self._stop)
             self.claimer.loop()
@@ -318,7 +318,7 @@ class Worker:
             self.runs.busy()
             and time.monotonic() < deadline
             and not self._force.is_set()
-            and not self._service_died_while_stopping()
+            and not self.results.died()
         ):
             time.sleep(0.02)
         self.handlers.release(self.runs.take_executing(), reason="still running at shutdown")
@@ -332,7 +332,6 @@ class Worker:
         self.health.guarded(
             lambda: registration.stopped(self.database, name=self.name, processed=self.processed),
             what="marking the worker stopped",
-            failures=[0],
         )
         if self._listener is not None:
             self._listener.stop()
@@ -351,11 +350,7 @@ class Worker:
             self.health.guarded(
                 lambda: write_verdicts(self.database, self.name, held),
                 what="releasing held jobs",
-                failures=[0],
             )
-
-    def _service_died_while_stopping(self) -> bool:
-        return self.results.died()
 
     def _wait_for(self, service: Service) -> None:
         """Join a service; if it died, what it held is left to lease recovery."""

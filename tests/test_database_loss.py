@@ -309,7 +309,7 @@ def test_an_action_without_a_round_trip_does_not_count_as_the_database_coming_ba
 
         def run() -> None:
             try:
-                outcomes.append(worker.health.guarded(action, what="a step", failures=[0]))
+                outcomes.append(worker.health.guarded(action, what="a step"))
             finally:
                 connections.close_all()
 

@@ -45,7 +45,7 @@ outcomes: collections.Counter[tuple[str, str]] = collections.Counter()
 
 @receiver(job_finished, dispatch_uid="docs.examples.count_outcomes")
 def count_outcomes(sender: Any, *, kind: str, outcome: str, **kwargs: Any) -> None:
-    # Runs on the worker's completer thread: keep it quick, never block.
+    # Runs on the worker's results writer: keep it quick, never block.
     outcomes[(kind, outcome)] += 1
 
 

@@ -8,12 +8,11 @@ module through `VENTURI["TASK_MODULES"]`, which that test passes them.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from datetime import timedelta
 
 import django_venturi as venturi
-from tests.testapp.tasks import NO_WAIT, append_line
+from tests.testapp.tasks import NO_WAIT, append_run
 
 
 @venturi.task(kind="tests.injected", lease=timedelta(seconds=2), backoff=NO_WAIT, max_attempts=50)
@@ -25,6 +24,6 @@ class Injected(venturi.Task):
     sleep: float = 0.05
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        append_line(self.path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")
+        append_run(ctx, self.path)
         time.sleep(self.sleep)
         return venturi.Outcome.completed()

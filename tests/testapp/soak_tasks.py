@@ -8,20 +8,15 @@ whatever became of it: the side effect the journal must account for.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from datetime import timedelta
 
 import django_venturi as venturi
 from tests.testapp.models import Record
-from tests.testapp.tasks import NO_WAIT, append_line
+from tests.testapp.tasks import NO_WAIT, append_run
 
 MODULE = __name__
 """For the workers' TASK_MODULES (tests/cluster_workers.py)."""
-
-
-def journal(ctx: venturi.Context, path: str) -> None:
-    append_line(path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")
 
 
 @venturi.task(kind="soak.journalled", lease=timedelta(seconds=3), backoff=NO_WAIT, max_attempts=50)
@@ -36,7 +31,7 @@ class Journalled(venturi.Task):
     sleep: float = 0.01
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        journal(ctx, self.path)
+        append_run(ctx, self.path)
         Record.objects.using(ctx.database).create(
             job_id=ctx.job_id, kind="journalled", attempt=ctx.attempt
         )
@@ -59,7 +54,7 @@ class Steps(venturi.Task):
     steps: int
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        journal(ctx, self.path)
+        append_run(ctx, self.path)
         done = (ctx.carry or 0) + 1
         time.sleep(0.01)
         return venturi.Outcome.completed() if done >= self.steps else venturi.Outcome.paused(done)
@@ -74,7 +69,7 @@ class Flaky(venturi.Task):
     failures: int
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        journal(ctx, self.path)
+        append_run(ctx, self.path)
         if ctx.attempt <= self.failures:
             raise RuntimeError(f"soak failure {ctx.attempt}")
         return venturi.Outcome.completed()
@@ -100,7 +95,7 @@ class Tally(venturi.Task):
         return venturi.Merge.update(merged)
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        journal(ctx, self.path)
+        append_run(ctx, self.path)
         time.sleep(0.01)
         return venturi.Outcome.completed()
 
@@ -114,7 +109,7 @@ class Slow(venturi.Task):
     seconds: float
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        journal(ctx, self.path)
+        append_run(ctx, self.path)
         deadline = time.monotonic() + self.seconds
         while time.monotonic() < deadline:
             if ctx.should_stop:

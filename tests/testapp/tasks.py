@@ -209,6 +209,11 @@ def append_line(path: str, line: str) -> None:
         os.close(fd)
 
 
+def append_run(ctx: venturi.Context, path: str) -> None:
+    """The side effect of a run: `job attempt pid` appended to `path` as one whole line."""
+    append_line(path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")
+
+
 @venturi.task(kind="tests.chaos", lease=timedelta(seconds=2), backoff=NO_WAIT, max_attempts=100)
 @dataclasses.dataclass
 class Chaos(venturi.Task):
@@ -218,7 +223,7 @@ class Chaos(venturi.Task):
     sleep: float = 0.005
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        append_line(self.path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")
+        append_run(ctx, self.path)
         time.sleep(self.sleep)
         return venturi.Outcome.completed()
 
@@ -277,6 +282,6 @@ class OutlastsOutage(venturi.Task):
     sleep: float = 0.01
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        append_line(self.path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")
+        append_run(ctx, self.path)
         time.sleep(self.sleep)
         return venturi.Outcome.completed()
