@@ -471,7 +471,7 @@ def test_a_sweep_whose_lock_cannot_connect_raises_djangos_error(pgbouncer: PgBou
     """The sweeper thread survives what it catches: Django's errors, not psycopg's."""
     database = connections["default"].settings_dict["NAME"]
     Job.objects.using(POOLED).exists()  # connected before PgBouncer turns new clients away
-    pgbouncer.admin(f"DISABLE {database}")
+    pgbouncer.admin(f'DISABLE "{database}"')  # quoted: names may hold "-"
     try:
         with (
             override_settings(VENTURI={"RETENTION": {"completed": "1d"}}),
@@ -479,7 +479,7 @@ def test_a_sweep_whose_lock_cannot_connect_raises_djangos_error(pgbouncer: PgBou
         ):
             sweeper.sweep(POOLED)
     finally:
-        pgbouncer.admin(f"ENABLE {database}")
+        pgbouncer.admin(f'ENABLE "{database}"')
 
 
 def test_a_listener_through_the_pooler_is_a_warning_of_the_database_checks() -> None:
