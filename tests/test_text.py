@@ -22,7 +22,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import django_venturi as venturi
@@ -63,6 +63,8 @@ ANY_CHARACTER = st.one_of(st.characters(), st.characters(categories=["Cs"]), st.
 
 
 @given(st.text(alphabet=ANY_CHARACTER))
+@example("\ud800\udc00")  # a surrogate pair: joined into its character, nothing replaced
+@example("a\x00\udc80")
 def test_storable_text_always_encodes_and_keeps_storable_text_as_is(value: str) -> None:
     result = text.storable(value)
     result.encode("utf-8")  # no surrogate left
@@ -70,8 +72,10 @@ def test_storable_text_always_encodes_and_keeps_storable_text_as_is(value: str) 
     assert text.problem(result) is None
     if text.problem(value) is None:
         assert result == value
-    else:
+    elif text.replaced(value)[1]:
         assert result.endswith("with U+FFFD]")
+    else:  # only surrogate pairs: the same UTF-16 text, each pair now one character
+        assert result.encode("utf-16-le") == value.encode("utf-16-le", "surrogatepass")
 
 
 @given(st.text(alphabet=st.sampled_from(["a", "\x00", "\udc80", "\ud83d", "\ude00", "é"])))
