@@ -42,6 +42,18 @@ def alias(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests with real worker processes run on PostgreSQL in the default suite; their SQLite
+    twins are `thorough` (CI runs them: `python3 -m pytest -m thorough`). Worker processes
+    cost seconds each, and the SQLite paths they take are the ones the in-process tests
+    cover on both databases."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        uses_workers = "workers" in getattr(item, "fixturenames", ())
+        if uses_workers and callspec is not None and callspec.params.get("alias") == "sqlite":
+            item.add_marker(pytest.mark.thorough)
+
+
 def pytest_ignore_collect(collection_path: Path) -> bool | None:
     """tests/wagtail_check/ runs under its own settings only (`tox -e wagtail`): the
     default suite neither collects it nor imports Wagtail."""
