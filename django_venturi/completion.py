@@ -219,69 +219,58 @@ def _write_orm(
         for verdict, repeat in zip(batch, repeats, strict=True):
             if verdict.job.id not in existing:
                 continue
-            if repeat:
-                entries.append(_discarded(verdict, worker, now))
-                continue
-            changes: dict[str, object] = {
-                "state": verdict.state,
-                "failures": F("failures") + int(verdict.failed_run),
-                "started_at": verdict.job.started_at,
-                "claim_token": None,
-                "lease_expires_at": None,
-            }
-            if verdict.state == State.READY:
-                changes["run_at"] = now + verdict.delay
-            if verdict.state in FINISHED_STATES:
-                changes["finished_at"] = now
-            if verdict.set_carry:
-                changes["carry"] = verdict.carry
-            if verdict.set_progress:
-                changes["progress"] = verdict.progress
-            if verdict.set_result:
-                changes["result"] = verdict.result
-            if verdict.error.type:
-                changes["last_error"] = f"{verdict.error.type}: {verdict.error.message}"
-            fenced = Job.objects.using(alias).filter(
-                id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
-            )
-            outcome = verdict.outcome
-            if verdict.state == State.READY:
-                # A cancel asked while the job ran turns a requeue into `cancelled`.
-                updated = fenced.filter(cancel_requested_at__isnull=True).update(**changes)
-                if not updated:
-                    changes.update(state=State.CANCELLED, finished_at=now)
-                    updated = fenced.update(**changes)
-                    outcome = JournalOutcome.CANCELLED
-            else:
-                updated = fenced.update(**changes)
-            if updated:
+            outcome = None if repeat else _apply_orm(alias, verdict, now)
+            if outcome is not None:
                 applied.add((verdict.job.id, verdict.job.attempt))
-            entries.append(
-                JournalEntry(
-                    job_id=verdict.job.id,
-                    attempt=verdict.job.attempt,
-                    worker=verdict.worker or worker,
-                    started_at=verdict.job.started_at,
-                    finished_at=now,
-                    outcome=outcome if updated else JournalOutcome.DISCARDED,
-                    error_type=verdict.error.type,
-                    error_message=verdict.error.message,
-                    traceback=verdict.error.traceback,
-                )
-            )
+            entries.append(_entry(verdict, worker, now, outcome or JournalOutcome.DISCARDED))
         JournalEntry.objects.using(alias).bulk_create(entries)
         dedup.finish_folds(alias, folds)
     return applied
 
 
-def _discarded(verdict: Verdict, worker: str, now: datetime) -> JournalEntry:
+def _apply_orm(alias: str, verdict: Verdict, now: datetime) -> JournalOutcome | None:
+    """Apply one verdict, fenced by its claim; the outcome to journal, or None if it was
+    not applied (the run had lost its claim)."""
+    changes: dict[str, object] = {
+        "state": verdict.state,
+        "failures": F("failures") + int(verdict.failed_run),
+        "started_at": verdict.job.started_at,
+        "claim_token": None,
+        "lease_expires_at": None,
+    }
+    if verdict.state == State.READY:
+        changes["run_at"] = now + verdict.delay
+    if verdict.state in FINISHED_STATES:
+        changes["finished_at"] = now
+    if verdict.set_carry:
+        changes["carry"] = verdict.carry
+    if verdict.set_progress:
+        changes["progress"] = verdict.progress
+    if verdict.set_result:
+        changes["result"] = verdict.result
+    if verdict.error.type:
+        changes["last_error"] = f"{verdict.error.type}: {verdict.error.message}"
+    fenced = Job.objects.using(alias).filter(
+        id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
+    )
+    if verdict.state != State.READY:
+        return verdict.outcome if fenced.update(**changes) else None
+    # A cancel asked while the job ran turns a requeue into `cancelled`.
+    if fenced.filter(cancel_requested_at__isnull=True).update(**changes):
+        return verdict.outcome
+    changes.update(state=State.CANCELLED, finished_at=now)
+    return JournalOutcome.CANCELLED if fenced.update(**changes) else None
+
+
+def _entry(verdict: Verdict, worker: str, now: datetime, outcome: JournalOutcome) -> JournalEntry:
+    """The journal entry of a verdict, with the outcome it had."""
     return JournalEntry(
         job_id=verdict.job.id,
         attempt=verdict.job.attempt,
         worker=verdict.worker or worker,
         started_at=verdict.job.started_at,
         finished_at=now,
-        outcome=JournalOutcome.DISCARDED,
+        outcome=outcome,
         error_type=verdict.error.type,
         error_message=verdict.error.message,
         traceback=verdict.error.traceback,

@@ -377,7 +377,8 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
         .order_by("id")
     )
     ready_by_key = {(job.kind, job.dedup_key): job for job in ready}
-    cancelled_returners: set[int] = set()
+    # Returning runs absorbed by an older job of their key: their verdict cancels them.
+    cancelled_runs: set[tuple[int, uuid.UUID | None]] = set()
     folds: list[Fold] = []
     for kind, key in keys:
         group = sorted(
@@ -391,7 +392,9 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
         others.sort(key=lambda job: job.pk)
         fold = _fold(alias, survivor, returning[survivor.pk, survivor.claim_token], others, now)
         folds.append(fold)
-        cancelled_returners.update(job_id for job_id in fold.absorbed if job_id in locked)
+        cancelled_runs.update(
+            (job_id, locked[job_id].claim_token) for job_id in fold.absorbed if job_id in locked
+        )
         ready_ids = [job_id for job_id in fold.absorbed if job_id not in locked]
         if ready_ids:
             Job.objects.using(alias).filter(id__in=ready_ids).update(
@@ -401,7 +404,7 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
             )
     written = [
         dataclasses.replace(v, state=State.CANCELLED)
-        if v.job.id in cancelled_returners and v.job.claim_token == locked[v.job.id].claim_token
+        if (v.job.id, v.job.claim_token) in cancelled_runs
         else v
         for v in verdicts
     ]

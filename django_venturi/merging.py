@@ -125,17 +125,16 @@ def _enqueue_keyed(alias: str, new_job: K, insert: Insert[K]) -> Job:
     lock_keys(alias, [(new_job.kind, new_job.dedup_key)])
     for _ in range(MAX_ROUNDS):
         existing = _live_first(alias, new_job.kind, new_job.dedup_key)
-        if existing is None or existing.state == State.RUNNING:
-            if existing is not None:
-                decision = decide(spec, new_job.instance, existing_of(alias, spec, existing))
-                if decision.kind is not MergeKind.ENQUEUE:
-                    return _apply(alias, spec, new_job, existing, decision)
-            inserted = insert(alias, new_job)
-            if inserted is not None:
-                return inserted
-            continue  # a ready job appeared (a rolled-back finish): clash with it
-        decision = decide(spec, new_job.instance, existing_of(alias, spec, existing))
-        return _apply(alias, spec, new_job, existing, decision)
+        if existing is not None:
+            # `decide` refuses `enqueue` against a ready job: only a running one gets a
+            # follow-up, inserted below.
+            decision = decide(spec, new_job.instance, existing_of(alias, spec, existing))
+            if decision.kind is not MergeKind.ENQUEUE:
+                return _apply(alias, spec, new_job, existing, decision)
+        inserted = insert(alias, new_job)
+        if inserted is not None:
+            return inserted
+        # A ready job appeared (a rolled-back finish): clash with it next round.
     raise RuntimeError(
         f"could not enqueue {new_job.kind} with dedup_key {new_job.dedup_key!r}: "
         f"the live job kept changing for {MAX_ROUNDS} rounds"

@@ -57,7 +57,7 @@ def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResul
             .values_list("id", "state", "queue", "kind", "dedup_key")
         )
         now = now_expression(alias)
-        ready = [row[0] for row in rows if row[1] == State.READY]
+        ready = [job_id for job_id, state, *_ in rows if state == State.READY]
         jobs.filter(id__in=ready).update(run_at=now)
         retried.extend(ready)
         for job_id, state, _, kind, key in rows:
@@ -77,7 +77,8 @@ def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResul
                 clashes.append(job_id)
             else:
                 retried.append(job_id)
-        queues = sorted({row[2] for row in rows if row[0] in set(retried)})
+        retried_ids = set(retried)
+        queues = sorted({queue for job_id, _, queue, *_ in rows if job_id in retried_ids})
         _wake_workers(alias, queues)
     done = set(retried) | set(clashes)
     return RetryResult(

@@ -431,18 +431,28 @@ def test_two_running_jobs_of_a_key_going_back_to_ready_together_fold_into_one(al
     assert journal.outcome == venturi.JournalOutcome.PAUSED
 
 
-def test_a_merge_that_fails_while_absorbing_keeps_the_returning_payload(
-    alias: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def absorb_a_follow_up_whose_merge_fails(alias: str, decision: str | None = None) -> None:
+    """A running job pauses; its follow-up's merge() fails as `decision` makes it (by default
+    it returns enqueue, impossible once both would be ready). The returning job keeps its
+    payload and absorbs the follow-up."""
     Decides(name="h", value=1).enqueue(using=alias)
     (running,) = claim_all(alias, "tests.decides")
-    # Its own merge() returns enqueue, which is impossible once both would be ready.
     follow_up = Decides(name="h", decision="enqueue", value=2).enqueue(using=alias)
-    with caplog.at_level(logging.WARNING, logger="django_venturi"):
-        assert write_verdicts(alias, "test", [paused(running)]) == {running.id}
+    if decision is not None:
+        Job.objects.using(alias).filter(pk=follow_up.pk).update(
+            payload={**follow_up.payload, "decision": decision}
+        )
+    assert write_verdicts(alias, "test", [paused(running)]) == {running.id}
     (survivor,) = live(alias)
     assert survivor.pk == running.id and survivor.payload["value"] == 1
     assert Job.objects.using(alias).get(pk=follow_up.pk).state == venturi.State.CANCELLED
+
+
+def test_a_merge_that_fails_while_absorbing_keeps_the_returning_payload(
+    alias: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="django_venturi"):
+        absorb_a_follow_up_whose_merge_fails(alias)
     assert "without merging" in caplog.text
 
 
@@ -450,17 +460,8 @@ def test_a_merge_that_hits_a_database_error_while_absorbing_spoils_nothing(
     alias: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """On PostgreSQL the error used to abort the verdicts' transaction: the write failed."""
-    Decides(name="h", value=1).enqueue(using=alias)
-    (running,) = claim_all(alias, "tests.decides")
-    follow_up = Decides(name="h", decision="enqueue", value=2).enqueue(using=alias)
-    Job.objects.using(alias).filter(pk=follow_up.pk).update(
-        payload={**follow_up.payload, "decision": f"database:{alias}"}
-    )
     with caplog.at_level(logging.WARNING, logger="django_venturi"):
-        assert write_verdicts(alias, "test", [paused(running)]) == {running.id}
-    (survivor,) = live(alias)
-    assert survivor.pk == running.id and survivor.payload["value"] == 1
-    assert Job.objects.using(alias).get(pk=follow_up.pk).state == venturi.State.CANCELLED
+        absorb_a_follow_up_whose_merge_fails(alias, decision=f"database:{alias}")
     assert "without merging" in caplog.text and "venturi_no_such_table" in caplog.text
 
 
