@@ -24,7 +24,8 @@ Errors: `write_verdicts` raises the database's errors as they are
 (`django.db.DatabaseError` and its subclasses); everything it wrote in the
 batch is rolled back with the transaction it runs in. A user's `merge()` that
 raises while a returning job absorbs its follow-up is logged and skipped (see
-`dedup.fold_returning`), unless it raised a database error, which propagates.
+`dedup.fold_returning`); a database error of its queries is undone by a savepoint
+and skipped the same way, but a lost connection fails the write.
 """
 
 from __future__ import annotations

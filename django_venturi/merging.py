@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_venturi.dedup")
 
 DEADLOCK_RETRIES = 5
-"""How often one enqueue is retried when PostgreSQL picks it as a deadlock victim."""
+"""Tries in all of one enqueue that PostgreSQL keeps picking as a deadlock victim."""
 MAX_ROUNDS = 20
 """Clash rounds per enqueue: a new round starts only when the existing job just finished."""
 

@@ -25,7 +25,7 @@ at-least-once allows.
 The whole matrix takes about 3 minutes on a shared 2-core machine when every
 cell passes (a failing cell costs its deadline), so the default suite runs a
 covering share of it (DEFAULT_CELLS) and `python3 -m pytest -m thorough` the rest;
-CI runs both. `-k verdict` or `-k deadlock` runs a row or a column. With
+CI runs both. `-m '' -k verdict` or `-m '' -k deadlock` runs a whole row or column. With
 `VENTURI_INJECTION_REPORT=<path>` each case appends its description to that file
 (JSON lines): the matrix of what the worker does.
 """
