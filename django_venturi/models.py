@@ -178,6 +178,9 @@ class WorkerProcess(models.Model):
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     queues = models.JSONField(null=True, blank=True, help_text="The queues it serves; null: all.")
+    kinds = models.JSONField(
+        null=True, blank=True, help_text="The task kinds it can run; null: not reported."
+    )
     concurrency = models.PositiveIntegerField()
     started_at = models.DateTimeField(db_default=Now())
     heartbeat_at = models.DateTimeField(db_default=Now())
@@ -196,6 +199,53 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class PeriodicTick(models.Model):
+    """The latest tick of each periodic schedule that was handled, kept when its job is not.
+
+    Cleanup deletes finished jobs, and with them the uniqueness of a tick's job;
+    this row outlives the job, so no worker enqueues the same tick twice.
+    """
+
+    kind = models.CharField(max_length=200, primary_key=True)
+    tick = models.DateTimeField(help_text="The latest tick enqueued (or skipped) for this kind.")
+    job_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The job enqueued for the tick (it may be cleaned up)."
+    )
+    handled_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "periodic tick"
+
+    def __str__(self) -> str:
+        return f"{self.kind} @ {self.tick.isoformat()}"
+
+
+class RunTally(models.Model):
+    """Journal figures of one minute, folded in when cleanup deletes their journal entries.
+
+    `venturi.stats()` adds these to what the journal still holds, so throughput
+    and failure figures stay true after finished jobs are cleaned up.
+    """
+
+    minute = models.DateTimeField(help_text="The minute the runs finished in.")
+    completed_jobs = models.PositiveBigIntegerField(default=0)
+    failed_jobs = models.PositiveBigIntegerField(
+        default=0, help_text="Runs that ended their job failed (a permanent failure or a give-up)."
+    )
+    retried_runs = models.PositiveBigIntegerField(
+        default=0, help_text="Failed runs that were retried (retry, timeout, lease expired)."
+    )
+    other_runs = models.PositiveBigIntegerField(
+        default=0, help_text="Paused, released, cancelled or discarded runs."
+    )
+
+    class Meta:
+        indexes = [models.Index(fields=["minute"], name="venturi_runtally_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"runs of {self.minute.isoformat()}"
 
 
 class PeriodicTask(Job):
