@@ -42,7 +42,7 @@ from django_venturi.cancel import cancel
 from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
-from django_venturi.retention import cleanup
+from django_venturi.retention import cleanup, delete_jobs
 from django_venturi.retry import retry_now
 from django_venturi.snapshot import FAILING, Stats, stats
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
@@ -530,6 +530,14 @@ class JobAdmin(JobAdminBase):
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         perms_needed.discard(str(JournalEntry._meta.verbose_name))
         return deleted, counts, perms_needed, protected
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        """The delete view: the stats keep the job's runs (`retention.delete_jobs`)."""
+        delete_jobs(Job.objects.filter(pk=obj.pk), using=venturi_settings.DATABASE)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """The delete action: the stats keep the jobs' runs (`retention.delete_jobs`)."""
+        delete_jobs(queryset, using=venturi_settings.DATABASE)
 
     # ------------------------------------------------------------ actions
 

@@ -5,6 +5,11 @@ nor builds one huge transaction, however many rows it deletes. A batch locks
 the rows it deletes and skips rows another session holds, so a job made ready
 at the same moment (`retry_now`, the admin's retry) is never deleted.
 
+Before a batch's delete, in its transaction, the journal entries of the stats'
+window are folded into run tallies (`tallies.py`), so `venturi.stats()` reads
+the same figures after a cleanup as before; tallies older than the window are
+pruned at the end. `delete_jobs` does the same for any other delete (the admin's).
+
 Errors: `ValueError` for a live state, a negative `older_than` or a
 `batch_size` below 1 (nothing deleted); the database's errors as they are
 (`django.db.DatabaseError`), with the batches before the failing one kept.
@@ -14,14 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
+from django.db.models import QuerySet
 
-from django_venturi import registration
-from django_venturi.clock import now_expression
+from django_venturi import registration, tallies
+from django_venturi.clock import database_time, now_expression
 from django_venturi.conf import venturi_settings
 from django_venturi.states import FINISHED_STATES, State
+
+if TYPE_CHECKING:
+    from django_venturi.models import Job
 
 DEFAULT_BATCH_SIZE = 1000
 
@@ -83,6 +93,7 @@ def cleanup(
             journal_entries=JournalEntry.objects.using(alias).filter(job__in=old).count(),
             batches=0,
         )
+    since = tallies.window_start(database_time(alias))
     jobs = entries = batches = 0
     while True:
         with transaction.atomic(using=alias):
@@ -93,11 +104,31 @@ def cleanup(
             ids = list(batch.values_list("id", flat=True)[:batch_size])
             if not ids:
                 break
-            _, deleted = old.filter(id__in=ids).delete()
+            _, deleted = _fold_and_delete(alias, old.filter(id__in=ids), since)
         jobs += deleted.get(Job._meta.label, 0)
         entries += deleted.get(JournalEntry._meta.label, 0)
         batches += 1
         if progress is not None:
             progress(CleanupResult(jobs, entries, batches))
     workers = registration.prune(alias, older_than=older_than)
+    tallies.prune(alias, before=since)
     return CleanupResult(jobs, entries, batches, workers)
+
+
+def delete_jobs(jobs: QuerySet[Job], *, using: str) -> tuple[int, dict[str, int]]:
+    """Delete `jobs` (in any state) and their journals, keeping the stats' figures.
+
+    Their journal entries of the stats' window are folded into run tallies in
+    the transaction of the delete. Return what `QuerySet.delete()` returns.
+    """
+    since = tallies.window_start(database_time(using))
+    with transaction.atomic(using=using):
+        return _fold_and_delete(using, jobs.using(using), since)
+
+
+def _fold_and_delete(
+    alias: str, jobs: QuerySet[Job], since: datetime
+) -> tuple[int, dict[str, int]]:
+    """Fold the journal of `jobs` into tallies, then delete them; call it in a transaction."""
+    tallies.fold(alias, jobs, since=since)
+    return jobs.delete()

@@ -1,46 +1,47 @@
 """`venturi.stats()`: one live snapshot of the queue, cheap enough to take every few seconds.
 
 Live jobs (ready, running) are counted through the partial indexes that cover
-only them, and throughput comes from the journal's index on `finished_at`, so
-the cost follows the live backlog and the last hour, not the table's size.
+only them, and throughput comes from the journal's index on `finished_at` plus
+the run tallies that cleanup leaves of deleted journals (`tallies.py`), so the
+cost follows the live backlog and the last hour, not the table's size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import Count, Min
-from django.db.models.functions import TruncMinute
 
-from django_venturi import registration
+from django_venturi import registration, tallies
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
 from django_venturi.states import JournalOutcome, State
 
-if TYPE_CHECKING:
-    pass
-
-WINDOW = timedelta(hours=1)
+WINDOW = tallies.WINDOW
 FAILING = (
     JournalOutcome.RETRY,
     JournalOutcome.FAILED,
     JournalOutcome.LEASE_EXPIRED,
     JournalOutcome.TIMEOUT,
 )
+"""Outcomes of a failed run, retried or not."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Minute:
-    """Executions that finished in one minute."""
+    """Jobs that finished, and other runs, in one minute."""
 
     start: datetime
     completed: int
+    """Jobs completed."""
     failed: int
-    """Runs that failed: retried, failed for good, timed out, or lost with their worker."""
+    """Jobs failed: a permanent failure, or a failed run that gave up (not the retried runs)."""
     other: int
     """Paused, released, cancelled or discarded runs."""
+    retried: int = 0
+    """Failed runs after which the job was retried (retry, timeout, lease expired)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,17 +126,27 @@ class Stats:
 
     @property
     def completed_last_hour(self) -> int:
-        """Runs that completed in the last hour."""
+        """Jobs completed in the last hour."""
         return sum(minute.completed for minute in self.minutes)
 
     @property
     def failed_last_hour(self) -> int:
-        """Runs that failed in the last hour (retried, failed for good or lost)."""
+        """Jobs failed in the last hour: failed for good or gave up (retried runs are apart)."""
         return sum(minute.failed for minute in self.minutes)
 
     @property
+    def retried_last_hour(self) -> int:
+        """Failed runs in the last hour after which their job was retried."""
+        return sum(minute.retried for minute in self.minutes)
+
+    @property
+    def other_last_hour(self) -> int:
+        """Paused, released, cancelled or discarded runs in the last hour."""
+        return sum(minute.other for minute in self.minutes)
+
+    @property
     def failure_rate(self) -> float:
-        """Failed runs over all completed and failed runs in the last hour (0 when none)."""
+        """Failed jobs over completed and failed jobs in the last hour (0 when none)."""
         total = self.completed_last_hour + self.failed_last_hour
         return self.failed_last_hour / total if total else 0.0
 
@@ -155,12 +166,15 @@ class Stats:
             },
             "completed_last_hour": self.completed_last_hour,
             "failed_last_hour": self.failed_last_hour,
+            "retried_last_hour": self.retried_last_hour,
+            "other_last_hour": self.other_last_hour,
             "failure_rate": self.failure_rate,
             "minutes": [
                 {
                     "start": minute.start.isoformat(),
                     "completed": minute.completed,
                     "failed": minute.failed,
+                    "retried": minute.retried,
                     "other": minute.other,
                 }
                 for minute in self.minutes
@@ -171,7 +185,8 @@ class Stats:
 
 
 def stats(*, using: str | None = None, stale_after: timedelta | None = None) -> Stats:
-    """Take a snapshot: live counts, due backlog and latency per queue, the last hour's runs.
+    """Take a snapshot: live counts, due backlog and latency per queue, and the last hour's
+    finished jobs and other runs (with what cleanup folded into run tallies).
 
     Workers whose heartbeat is older than `stale_after` (default: three heartbeat
     intervals) are marked stale.
@@ -252,33 +267,19 @@ def _workers(alias: str, now: datetime, stale_after: timedelta | None) -> list[L
 
 
 def _minutes(alias: str, now: datetime) -> list[Minute]:
-    from django_venturi.models import (  # at call time: importing the package must not load models
-        JournalEntry,
-    )
-
-    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    start = end - WINDOW
-    rows = (
-        JournalEntry.objects.using(alias)
-        .filter(finished_at__gte=start, finished_at__lt=end)
-        .annotate(minute=TruncMinute("finished_at"))
-        .values("minute", "outcome")
-        .annotate(runs=Count("id"))
-        .order_by()
-    )
-    buckets = {
-        start + timedelta(minutes=i): [0, 0, 0] for i in range(int(WINDOW / timedelta(minutes=1)))
-    }
-    for row in rows:
-        counts = buckets.get(row["minute"])
-        if counts is None:
-            continue
-        column = (
-            0
-            if row["outcome"] == JournalOutcome.COMPLETED
-            else 1
-            if row["outcome"] in FAILING
-            else 2
+    start = tallies.window_start(now)
+    found = tallies.by_minute(alias, start, start + WINDOW)
+    minutes = []
+    for index in range(int(WINDOW / timedelta(minutes=1))):
+        moment = start + timedelta(minutes=index)
+        counts = found.get(moment, tallies.Counts())
+        minutes.append(
+            Minute(
+                start=moment,
+                completed=counts.completed_jobs,
+                failed=counts.failed_jobs,
+                other=counts.other_runs,
+                retried=counts.retried_runs,
+            )
         )
-        counts[column] += row["runs"]
-    return [Minute(minute, *counts) for minute, counts in sorted(buckets.items())]
+    return minutes

@@ -23,6 +23,8 @@ ERROR_MESSAGE_LIMIT = 2000
 TRACEBACK_LIMIT = 20_000
 ERROR_TYPE_LIMIT = 300
 """The length of `JournalEntry.error_type`."""
+GAVE_UP = "gave up"
+"""How every reason of `gives_up` starts (the stats tell a give-up's journal entry by it)."""
 GAVE_UP_SEPARATOR = "; last error: "
 """Between why a job gave up and its last run's error, in the job's `last_error`."""
 

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.db import connection
+from django.db import DatabaseError, connection, connections
+from django.test import Client
 from django.utils import timezone
 
 import django_venturi as venturi
+from django_venturi import verdicts
+from django_venturi.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.completion import write_verdicts
 from django_venturi.journal import history
-from django_venturi.models import Job, JournalEntry
+from django_venturi.models import Job, JournalEntry, RunTally
+from django_venturi.registry import registry
 from django_venturi.retention import cleanup
+from django_venturi.scheduling import TierClock
 from django_venturi.snapshot import stats
+from django_venturi.states import JournalOutcome
 from django_venturi.worker import Worker
 from tests.testapp import tasks
 
@@ -195,3 +205,192 @@ def test_stats_inside_a_long_transaction_counts_what_it_wrote() -> None:
     snapshot = stats()
     assert snapshot.taken_at >= entry.finished_at
     assert snapshot.completed_last_hour == 1
+
+
+# ------------------------------------------------------------ jobs apart from runs, after cleanup
+
+
+def claim_one(alias: str, kind: str) -> ClaimedJob:
+    request = ClaimRequest(
+        worker="test", limit=1, kinds=[kind], leases=[timedelta(minutes=5)], queues=None
+    )
+    (job,) = claim(alias, request, TierClock((6, 3, 1)))
+    return job
+
+
+def time_out_until_it_gives_up(alias: str) -> Job:
+    """tests.always_fails (max_attempts=3): a timeout, a lost lease, then a timeout that
+    gives up; both outcomes keep their names when they give up."""
+    job = tasks.AlwaysFails().enqueue(using=alias)
+    spec = registry.get("tests.always_fails")
+    runs = [
+        lambda claimed: verdicts.timed_out(claimed, spec, timedelta(seconds=1), ""),
+        lambda claimed: verdicts.retry(
+            claimed,
+            spec,
+            verdicts.ErrorInfo.from_reason("the lease expired"),
+            outcome=JournalOutcome.LEASE_EXPIRED,
+        ),
+        lambda claimed: verdicts.timed_out(claimed, spec, timedelta(seconds=1), ""),
+    ]
+    for verdict_of in runs:
+        write_verdicts(alias, "test", [verdict_of(claim_one(alias, "tests.always_fails"))])
+    job.refresh_from_db(using=alias)
+    assert job.state == venturi.State.FAILED
+    assert list(job.journal.order_by("id").values_list("outcome", flat=True)) == [
+        "timeout",
+        "lease_expired",
+        "timeout",
+    ]
+    return job
+
+
+def mixed_workload(alias: str) -> None:
+    """2 completed jobs, 2 failed jobs, 4 retried runs and 1 other run."""
+    tasks.Flaky(failures=2).enqueue(using=alias)  # retry, retry, completed
+    tasks.Permanent().enqueue(using=alias)  # failed
+    tasks.Pausing(steps=2).enqueue(using=alias)  # paused, completed
+    run_burst(alias)
+    time_out_until_it_gives_up(alias)  # timeout, lease_expired, timeout (gave up)
+
+
+def figures(alias: str) -> tuple[tuple[int, int, int, int], dict[str, tuple[int, ...]]]:
+    """The last hour's four totals and the minutes that had runs."""
+    snapshot = stats(using=alias)
+    totals = (
+        snapshot.completed_last_hour,
+        snapshot.failed_last_hour,
+        snapshot.retried_last_hour,
+        snapshot.other_last_hour,
+    )
+    busy = {
+        minute.start.isoformat(): (minute.completed, minute.failed, minute.retried, minute.other)
+        for minute in snapshot.minutes
+        if minute.completed or minute.failed or minute.retried or minute.other
+    }
+    return totals, busy
+
+
+def test_stats_count_jobs_apart_from_runs(alias: str) -> None:
+    mixed_workload(alias)
+    snapshot = stats(using=alias)
+    assert figures(alias)[0] == (2, 2, 4, 1)
+    assert snapshot.failure_rate == 0.5  # failed jobs / (completed + failed jobs)
+    data = snapshot.as_dict()
+    assert (data["failed_last_hour"], data["retried_last_hour"], data["other_last_hour"]) == (
+        2,
+        4,
+        1,
+    )
+    assert sum(minute["retried"] for minute in data["minutes"]) == 4
+
+
+def test_every_give_up_reason_starts_as_the_stats_expect() -> None:
+    """The stats tell a timeout or lost lease that gave up by `verdicts.GAVE_UP`."""
+    job = ClaimedJob(
+        id=1,
+        kind="tests.always_fails",
+        queue="default",
+        priority=1,
+        payload={},
+        carry=None,
+        attempt=3,
+        failures=2,
+        enqueued_at=timezone.now() - timedelta(days=1),
+        started_at=timezone.now(),
+        claim_token=uuid.uuid4(),
+        lease=timedelta(minutes=5),
+    )
+    spec = registry.get("tests.always_fails")
+    assert verdicts.gives_up(job, spec, 3).startswith(verdicts.GAVE_UP)
+    late = dataclasses.replace(spec, max_attempts=None, give_up_after=timedelta(hours=1))
+    assert verdicts.gives_up(job, late, 3).startswith(verdicts.GAVE_UP)
+
+
+def test_figures_are_the_same_after_a_cleanup(alias: str) -> None:
+    mixed_workload(alias)
+    before = figures(alias)
+    result = cleanup(older_than=timedelta(0), using=alias)
+    assert result.jobs == 4 and not JournalEntry.objects.using(alias).exists()
+    assert RunTally.objects.using(alias).exists()
+    assert figures(alias) == before
+    cleanup(older_than=timedelta(0), using=alias)  # nothing left to fold: nothing doubles
+    assert figures(alias) == before
+    # New runs add to what the tallies hold.
+    tasks.Noop(n=1).enqueue(using=alias)
+    run_burst(alias)
+    (completed, *rest), _ = figures(alias)
+    assert (completed, *rest) == (before[0][0] + 1, *before[0][1:])
+
+
+def test_cleanup_prunes_tallies_older_than_the_window(alias: str) -> None:
+    now = timezone.now().replace(second=0, microsecond=0)
+    RunTally.objects.using(alias).bulk_create(
+        [
+            RunTally(minute=now - timedelta(hours=2), completed_jobs=5),
+            RunTally(minute=now - timedelta(minutes=30), completed_jobs=3),
+        ]
+    )
+    assert stats(using=alias).completed_last_hour == 3
+    cleanup(older_than=timedelta(days=1), using=alias)
+    assert list(RunTally.objects.using(alias).values_list("completed_jobs", flat=True)) == [3]
+    assert stats(using=alias).completed_last_hour == 3
+
+
+@pytest.fixture
+def refusing_job_deletes(alias: str) -> Iterator[None]:
+    """A trigger that makes the database refuse to delete a job (a failing delete)."""
+    table = connections[alias].ops.quote_name(Job._meta.db_table)
+    if connections[alias].vendor == "postgresql":
+        create = [
+            "CREATE FUNCTION venturi_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'deletes refused'; END $$",
+            f"CREATE TRIGGER venturi_test_refuse BEFORE DELETE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION venturi_test_refuse()",
+        ]
+        drop = [
+            f"DROP TRIGGER venturi_test_refuse ON {table}",
+            "DROP FUNCTION venturi_test_refuse()",
+        ]
+    else:
+        create = [
+            f"CREATE TRIGGER venturi_test_refuse BEFORE DELETE ON {table} "
+            "BEGIN SELECT RAISE(ABORT, 'deletes refused'); END"
+        ]
+        drop = ["DROP TRIGGER venturi_test_refuse"]
+    with connections[alias].cursor() as cursor:
+        for statement in create:
+            cursor.execute(statement)
+    yield
+    with connections[alias].cursor() as cursor:
+        for statement in drop:
+            cursor.execute(statement)
+
+
+def test_a_failed_delete_leaves_no_tally(alias: str, refusing_job_deletes: None) -> None:
+    mixed_workload(alias)
+    before = figures(alias)
+    with pytest.raises(DatabaseError, match="deletes refused"):
+        cleanup(older_than=timedelta(0), using=alias)
+    assert not RunTally.objects.using(alias).exists()
+    assert Job.objects.using(alias).count() == 4
+    assert figures(alias) == before
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_deleting_jobs_in_the_admin_keeps_the_figures() -> None:
+    mixed_workload("default")
+    before = figures("default")
+    User.objects.create_superuser("admin", "admin@example.com", "pw")
+    client = Client()
+    client.login(username="admin", password="pw")
+    first, *others = Job.objects.order_by("id").values_list("id", flat=True)
+    page = client.post(f"/admin/django_venturi/job/{first}/delete/", {"post": "yes"})
+    assert page.status_code == 302
+    page = client.post(
+        "/admin/django_venturi/job/",
+        {"action": "delete_selected", "_selected_action": others, "post": "yes"},
+    )
+    assert page.status_code == 302
+    assert not Job.objects.exists() and not JournalEntry.objects.exists()
+    assert figures("default") == before
