@@ -28,7 +28,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Count, Field, QuerySet
+from django.db.models import Field, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -37,14 +37,14 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_venturi import registration, text
+from django_venturi import registration, tallies, text
 from django_venturi.cancel import cancel
 from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
 from django_venturi.retention import cleanup, delete_jobs
 from django_venturi.retry import retry_now
-from django_venturi.snapshot import FAILING, Stats, stats
+from django_venturi.snapshot import Stats, stats
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.verdicts import GAVE_UP_SEPARATOR
 
@@ -730,29 +730,25 @@ def refresh_seconds(request: HttpRequest) -> int | None:
 
 
 def last_hour_by_kind(alias: str, snapshot: Stats) -> list[dict[str, Any]]:
-    """Runs that finished in the last hour, by kind, queue and outcome (the journal's index)."""
+    """The journal's last hour by kind and queue: jobs that finished and other runs.
+
+    Jobs deleted since (cleanup, retention) are not in it; the totals count them.
+    """
     if not snapshot.minutes:
         return []
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
     entries = (
         JournalEntry.objects.using(alias)
         .filter(finished_at__gte=snapshot.minutes[0].start)
-        .values("job__kind", "job__queue", "outcome")
-        .annotate(runs=Count("id"))
-        .order_by()
+        .values("job__kind", "job__queue")
+        .annotate(**tallies.column_counts())
+        .values_list("job__kind", "job__queue", *tallies.COLUMNS)
+        .order_by("job__kind", "job__queue")
     )
-    for entry in entries:
-        key = (entry["job__kind"], entry["job__queue"])
-        row = rows.setdefault(
-            key, {"kind": key[0], "queue": key[1], "completed": 0, "failed": 0, "other": 0}
-        )
-        if entry["outcome"] == JournalOutcome.COMPLETED:
-            row["completed"] += entry["runs"]
-        elif entry["outcome"] in FAILING:
-            row["failed"] += entry["runs"]
-        else:
-            row["other"] += entry["runs"]
-    return [rows[key] for key in sorted(rows)]
+    columns = ("completed", "failed", "retried", "other")
+    return [
+        {"kind": kind, "queue": queue, **dict(zip(columns, figures, strict=True))}
+        for kind, queue, *figures in entries
+    ]
 
 
 def latency_rows(snapshot: Stats) -> list[dict[str, Any]]:
@@ -767,25 +763,30 @@ def latency_rows(snapshot: Stats) -> list[dict[str, Any]]:
 
 
 def chart(snapshot: Stats) -> dict[str, Any]:
-    """Bars for the last hour, one per minute: completed on top of failed, scaled to the busiest."""
-    busiest = max((m.completed + m.failed for m in snapshot.minutes), default=0) or 1
+    """Bars for the last hour, one per minute, scaled to the busiest: failed jobs at the
+    bottom, retried runs on them, completed jobs on top."""
+    busiest = max((m.completed + m.failed + m.retried for m in snapshot.minutes), default=0) or 1
     scale = (CHART_HEIGHT - 20) / busiest
     bars = []
     for index, minute in enumerate(snapshot.minutes):
         failed_height = round(minute.failed * scale, 1)
+        retried_height = round(minute.retried * scale, 1)
         completed_height = round(minute.completed * scale, 1)
-        runs = minute.completed + minute.failed
-        rate = f"{100 * minute.failed / runs:.0f}%" if runs else "-"
+        finished = minute.completed + minute.failed
+        rate = f"{100 * minute.failed / finished:.0f}%" if finished else "-"
         bars.append(
             {
                 "x": index * CHART_BAR_WIDTH,
                 "failed_y": CHART_HEIGHT - failed_height,
                 "failed_height": failed_height,
-                "completed_y": CHART_HEIGHT - failed_height - completed_height,
+                "retried_y": CHART_HEIGHT - failed_height - retried_height,
+                "retried_height": retried_height,
+                "completed_y": CHART_HEIGHT - failed_height - retried_height - completed_height,
                 "completed_height": completed_height,
                 "label": (
                     f"{timezone.localtime(minute.start):%H:%M}: {minute.completed} completed, "
-                    f"{minute.failed} failed ({rate}), {minute.other} other"
+                    f"{minute.failed} failed ({rate}) jobs; {minute.retried} retried, "
+                    f"{minute.other} other runs"
                 ),
             }
         )

@@ -394,3 +394,10 @@ def test_deleting_jobs_in_the_admin_keeps_the_figures() -> None:
     assert page.status_code == 302
     assert not Job.objects.exists() and not JournalEntry.objects.exists()
     assert figures("default") == before
+    page = client.get("/admin/django_venturi/job/stats/").content.decode()
+    assert "2 completed, 2 failed jobs (failure rate 50.0%); 4 retried runs, 1 other run." in page
+    out = io.StringIO()
+    call_command("venturi_stats", stdout=out)
+    assert "last hour 2 completed, 2 failed jobs (50.0% failed), 4 retried runs, 1 other run" in (
+        out.getvalue()
+    )

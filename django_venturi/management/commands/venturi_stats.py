@@ -20,7 +20,10 @@ from django_venturi.snapshot import Stats, stats
 
 
 class Command(BaseCommand):
-    help = "Show ready and running jobs by kind and queue, queue latency and the last hour."
+    help = (
+        "Show ready and running jobs by kind and queue, queue latency, and the last hour's "
+        "completed and failed jobs, retried and other runs."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
@@ -80,13 +83,19 @@ class Command(BaseCommand):
         )
 
 
+def runs(count: int, which: str) -> str:
+    """'1 retried run', '4 retried runs'."""
+    return f"{count} {which} run" + ("" if count == 1 else "s")
+
+
 def render(snapshot: Stats) -> str:
     """The snapshot as a plain-text report."""
     lines = [
         f"venturi at {snapshot.taken_at:%Y-%m-%d %H:%M:%S %Z}: "
         f"{snapshot.ready} ready, {snapshot.running} running; last hour "
-        f"{snapshot.completed_last_hour} completed, {snapshot.failed_last_hour} failed "
-        f"({snapshot.failure_rate:.1%})",
+        f"{snapshot.completed_last_hour} completed, {snapshot.failed_last_hour} failed jobs "
+        f"({snapshot.failure_rate:.1%} failed), {runs(snapshot.retried_last_hour, 'retried')}, "
+        f"{runs(snapshot.other_last_hour, 'other')}",
     ]
     if snapshot.live:
         lines.append(f"{'state':<8} {'queue':<20} {'kind':<40} {'jobs':>8}")
