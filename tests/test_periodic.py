@@ -17,9 +17,10 @@ from django.test import Client, override_settings
 
 import django_venturi as venturi
 from django_venturi.checks import check_periodic
-from django_venturi.models import Job
+from django_venturi.models import Job, PeriodicTick
 from django_venturi.periodic import Schedule, ScheduleError, Scheduler, _declared, schedules
 from django_venturi.registry import RegistrationError, registry
+from django_venturi.retention import cleanup
 from tests.conftest import Workers, wait_until
 from tests.testapp.models import Record
 
@@ -235,6 +236,58 @@ def test_catch_up_limit_skips_a_tick_missed_too_long_ago(alias: str) -> None:
         assert len(Scheduler(alias).run_pass(start.replace(minute=10, second=20))) == 1
 
 
+def recorded(alias: str, kind: str = "tests.noop") -> tuple[datetime, int | None]:
+    row = PeriodicTick.objects.using(alias).get(kind=kind)
+    return row.tick, row.job_id
+
+
+def finish_and_clean_up(alias: str) -> None:
+    """Every job ends completed and is cleaned up."""
+    Job.objects.using(alias).update(
+        state=venturi.State.COMPLETED, attempt=1, finished_at=datetime.now(UTC)
+    )
+    assert cleanup(older_than=timedelta(0), using=alias).jobs >= 1
+    assert not Job.objects.using(alias).exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_a_tick_whose_job_was_cleaned_up_is_not_enqueued_again(alias: str) -> None:
+    start = datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC)
+    with with_periodic(noop_every("*/5 * * * *", timezone="UTC")):
+        (job_id,) = Scheduler(alias).run_pass(start)
+        assert recorded(alias) == (datetime(2026, 5, 1, 10, 5, tzinfo=UTC), job_id)
+        finish_and_clean_up(alias)
+        # A fresh worker (a deploy, a scale-up), however late within the tick: nothing.
+        assert Scheduler(alias).run_pass(start + timedelta(minutes=2)) == []
+        assert not Job.objects.using(alias).exists()
+        assert recorded(alias) == (datetime(2026, 5, 1, 10, 5, tzinfo=UTC), job_id)
+        # The next tick is enqueued, and recorded with its job.
+        (later,) = Scheduler(alias).run_pass(start + timedelta(minutes=3))
+        assert recorded(alias) == (datetime(2026, 5, 1, 10, 10, tzinfo=UTC), later)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_a_skipped_tick_is_recorded_and_never_enqueued_later(alias: str) -> None:
+    start = datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC)
+    with with_periodic(noop_every("*/5 * * * *"), PERIODIC_CATCH_UP=timedelta(minutes=1)):
+        assert Scheduler(alias).run_pass(start) == []  # 10:05 is 2.5 minutes late
+    assert recorded(alias) == (datetime(2026, 5, 1, 10, 5, tzinfo=UTC), None)
+    with with_periodic(noop_every("*/5 * * * *")):  # catch-up without a limit
+        assert Scheduler(alias).run_pass(start) == []
+    assert not Job.objects.using(alias).exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_a_tick_enqueued_before_ticks_were_recorded_is_not_enqueued_twice(alias: str) -> None:
+    start = datetime(2026, 5, 1, 10, 7, 30, tzinfo=UTC)
+    with with_periodic(noop_every("*/5 * * * *", timezone="UTC")):
+        (job_id,) = Scheduler(alias).run_pass(start)
+        PeriodicTick.objects.using(alias).all().delete()  # as after the upgrade
+        assert Scheduler(alias).run_pass(start) == []  # the job's unique tick says no
+        assert recorded(alias) == (datetime(2026, 5, 1, 10, 5, tzinfo=UTC), job_id)
+        assert Job.objects.using(alias).count() == 1
+
+
 @pytest.fixture
 def declared() -> Iterator[None]:
     yield
@@ -361,3 +414,53 @@ def test_several_workers_enqueue_each_tick_exactly_once(
     assert all(logs.count(f"enqueued job {job.id} for tick") == 1 for job in jobs)
     inserting = sum(1 for i in range(4) if "enqueued job" in workers.log(i))
     assert inserting >= 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_a_tick_cleaned_up_before_fresh_workers_start_does_not_run_again(
+    alias: str, workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A nightly job cleaned up before a deploy: the new workers do not run it again.
+
+    tests.noop runs on 1 January only, so its latest tick is the same throughout;
+    tests.pausing ticks every second and shows that the new workers make passes
+    (it sorts after tests.noop, so a pass that enqueued it had decided tests.noop).
+    """
+    yearly = noop_every("0 0 1 1 *")
+    marker = {"task": "tests.pausing", "cron": "* * * * * *", "payload": {"steps": 1}}
+    monkeypatch.setenv("VENTURI_TEST_PERIODIC", json.dumps([yearly, marker]))
+    jobs = Job.objects.using(alias)
+    workers.start(alias)
+    wait_until(
+        lambda: jobs.filter(kind="tests.noop", state=venturi.State.COMPLETED).exists(),
+        timeout=60,
+        message="the yearly tick to run",
+    )
+    workers.stop_all()
+    (nightly,) = jobs.filter(kind="tests.noop")
+    cleanup(older_than=timedelta(0), using=alias)
+    assert not jobs.filter(kind="tests.noop").exists()
+    after_cleanup = datetime.now(UTC)
+
+    for _ in range(3):
+        workers.start(alias, "--concurrency", "2")
+
+    def new_ticks() -> int:
+        return jobs.filter(
+            kind="tests.pausing", periodic_tick__gt=after_cleanup, state=venturi.State.COMPLETED
+        ).count()
+
+    wait_until(lambda: new_ticks() >= 3, timeout=60, message="three new ticks to run")
+    workers.stop_all()
+
+    assert not jobs.filter(kind="tests.noop").exists()  # not enqueued again
+    assert recorded(alias) == (nightly.periodic_tick, nightly.pk)
+    logs = [workers.log(i) for i in range(1, 4)]
+    assert not any("periodic tests.noop: enqueued" in log for log in logs)
+    # Three workers, still one job per tick, each enqueued by one of them.
+    ticks = list(jobs.filter(kind="tests.pausing").values_list("periodic_tick", flat=True))
+    assert len(ticks) == len(set(ticks))
+    for job_id in jobs.filter(kind="tests.pausing", periodic_tick__gt=after_cleanup).values_list(
+        "id", flat=True
+    ):
+        assert sum(log.count(f"enqueued job {job_id} for tick") for log in logs) == 1
