@@ -1,5 +1,9 @@
 """The admin's "Periodic tasks" page: each schedule with its next tick and its last run.
 
+The last run is the kind's `PeriodicTick` (the latest tick handled and when),
+which outlives the tick's job: after a cleanup the page still shows it, without
+the link to the job.
+
 The schedules live in code (`@venturi.periodic`) and settings (`VENTURI["PERIODIC"]`),
 not in a table, so this is a read-only page over them, registered on a proxy model
 of `Job` so that it sits in the admin index next to jobs.
@@ -18,7 +22,7 @@ from django.urls import reverse
 
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
-from django_venturi.models import Job, PeriodicTask
+from django_venturi.models import Job, PeriodicTask, PeriodicTick
 from django_venturi.periodic import Schedule, schedules
 
 if TYPE_CHECKING:
@@ -33,7 +37,10 @@ class ScheduleRow:
 
     schedule: Schedule
     next_tick: datetime | None
+    last_tick: PeriodicTick | None
+    """The latest tick handled (enqueued or skipped); None if none yet."""
     last_job: Job | None
+    """The latest tick's job, while it exists."""
     last_job_url: str
 
     @property
@@ -42,7 +49,12 @@ class ScheduleRow:
 
     @property
     def last_text(self) -> str:
-        return local_text(self.last_job.periodic_tick if self.last_job else None, self.schedule)
+        return local_text(self.last_tick.tick if self.last_tick else None, self.schedule)
+
+    @property
+    def handled_text(self) -> str:
+        """When the latest tick was enqueued or skipped."""
+        return local_text(self.last_tick.handled_at if self.last_tick else None, self.schedule)
 
 
 def local_text(moment: datetime | None, schedule: Schedule) -> str:
@@ -53,23 +65,26 @@ def local_text(moment: datetime | None, schedule: Schedule) -> str:
 
 
 def schedule_rows(alias: str) -> list[ScheduleRow]:
-    """Each schedule with its next tick and the job of its latest tick (None if none yet)."""
+    """Each schedule with its next tick and its latest handled tick (with the job, if kept)."""
     now = database_time(alias)
+    found = schedules()
+    ticks = PeriodicTick.objects.using(alias).in_bulk([schedule.kind for schedule in found])
+    job_ids = [tick.job_id for tick in ticks.values() if tick.job_id is not None]
+    jobs = Job.objects.using(alias).in_bulk(job_ids)
     rows = []
-    for schedule in schedules():
-        last = (
-            Job.objects.using(alias)
-            .filter(kind=schedule.kind, periodic_tick__isnull=False)
-            .order_by("-periodic_tick")
-            .first()
-        )
+    for schedule in found:
+        last_tick = ticks.get(schedule.kind)
+        last_job = jobs.get(last_tick.job_id) if last_tick and last_tick.job_id else None
         rows.append(
             ScheduleRow(
                 schedule=schedule,
                 next_tick=schedule.next_tick(now),
-                last_job=last,
+                last_tick=last_tick,
+                last_job=last_job,
                 last_job_url=(
-                    reverse("admin:django_venturi_job_change", args=[last.pk]) if last else ""
+                    reverse("admin:django_venturi_job_change", args=[last_job.pk])
+                    if last_job
+                    else ""
                 ),
             )
         )

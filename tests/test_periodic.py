@@ -382,6 +382,21 @@ def test_the_admin_lists_periodic_tasks_with_next_and_last_run() -> None:
     assert "Periodic tasks" in index.content.decode()
 
 
+@pytest.mark.django_db
+def test_the_admin_shows_the_last_run_after_its_job_is_cleaned_up() -> None:
+    with with_periodic(noop_every("*/5 * * * *", timezone="Europe/Paris")):
+        (job_id,) = Scheduler("default").run_pass(datetime(2026, 5, 1, 10, 7, tzinfo=UTC))
+        finish_and_clean_up("default")
+        User.objects.create_superuser("admin", "admin@example.com", "pw")
+        client = Client()
+        client.login(username="admin", password="pw")
+        html = client.get("/admin/django_venturi/periodictask/").content.decode()
+    last_run = html.split("tests.noop")[1].split("</tr>")[0]
+    assert f"2026-05-01 12:05:00 CEST (job #{job_id}, cleaned up)" in last_run
+    assert "/admin/django_venturi/job/" not in last_run
+    assert "handled " in last_run
+
+
 # ------------------------------------------------------------ real workers
 
 
