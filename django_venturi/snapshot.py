@@ -17,16 +17,9 @@ from django.db.models import Count, Min
 from django_venturi import registration, tallies
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
-from django_venturi.states import JournalOutcome, State
+from django_venturi.states import State
 
 WINDOW = tallies.WINDOW
-FAILING = (
-    JournalOutcome.RETRY,
-    JournalOutcome.FAILED,
-    JournalOutcome.LEASE_EXPIRED,
-    JournalOutcome.TIMEOUT,
-)
-"""Outcomes of a failed run, retried or not."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
