@@ -160,6 +160,9 @@ class Worker:
         self._services: list[Service] = [self.results, self.heartbeat]
         self._listener: Listener | None = None
         self._failure: str | None = None
+        self.left_running = 0
+        """Handlers still running when the worker stopped (released at shutdown, or
+        abandoned past their timeout): their results are dropped, nothing waits for them."""
 
     @property
     def processed(self) -> int:
@@ -321,7 +324,9 @@ class Worker:
             and not self.results.died()
         ):
             time.sleep(0.02)
-        self.handlers.release(self.runs.take_executing(), reason="still running at shutdown")
+        still_running = self.runs.take_executing()
+        self.handlers.release(still_running, reason="still running at shutdown")
+        self.left_running = len(still_running) + self.handlers.lost_threads()
         self.results.close()
         self._wait_for(self.results)
         if self.results.died():
@@ -337,7 +342,7 @@ class Worker:
             self._listener.stop()
         connections.close_all()
         logger.info(
-            "worker %s stopped after %d jobs",
+            "worker %s stopped after %d runs",
             self.name,
             self.processed,
             extra={"worker": self.name},

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
@@ -66,6 +68,8 @@ def kind_caps(text: str) -> dict[str, int]:
 class Command(BaseCommand):
     help = "Run a venturi worker: claim due jobs and run their handlers until stopped."
     requires_system_checks = "__all__"
+    left_running = 0
+    """Handlers still running when the worker stopped (see `run_from_argv`)."""
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -130,6 +134,25 @@ class Command(BaseCommand):
             raise CommandError(f"the worker stopped: {error}") from None
         finally:
             restore()
+            self.left_running = worker.left_running
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Run as a process of its own; once the worker stopped, exit without waiting
+        for handlers it released while they ran.
+
+        Their runs are handed back and their results would be dropped, but the
+        interpreter would wait at exit for the threads that `sync_to_async` lends to
+        async handlers (and any other non-daemon thread a handler started), however
+        long they take. `call_command` does not come here: it never ends its process.
+        """
+        try:
+            super().run_from_argv(argv)
+        except SystemExit as exiting:
+            if self.left_running:
+                exit_now(exiting.code if isinstance(exiting.code, int) else 1)
+            raise
+        if self.left_running:
+            exit_now(0)
 
     def _refuse_an_old_schema(self, alias: str) -> None:
         """Exit with the check's message when venturi's migrations are behind on `alias`."""
@@ -149,3 +172,12 @@ class Command(BaseCommand):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
         logger.addHandler(handler)
         logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the process: run the atexit callbacks (logging's flush among them) and exit
+    without joining the threads still running handlers."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
