@@ -649,6 +649,7 @@ class JobAdmin(JobAdminBase):
             "snapshot": snapshot,
             "live_rows": live_rows(snapshot),
             "latency_rows": latency_rows(snapshot),
+            "orphan_rows": orphan_rows(snapshot),
             "chart": chart(snapshot),
             "workers": [
                 {"worker": worker, "age": short_age(snapshot.taken_at - worker.heartbeat_at)}
@@ -745,6 +746,13 @@ def last_hour_by_kind(alias: str, snapshot: Stats) -> list[dict[str, Any]]:
         else:
             row["other"] += entry["runs"]
     return [rows[key] for key in sorted(rows)]
+
+
+def orphan_rows(snapshot: Stats) -> list[dict[str, Any]]:
+    return [
+        {**orphan.as_dict(), "oldest": short_age(orphan.oldest_due_age)}
+        for orphan in snapshot.orphan_kinds
+    ]
 
 
 def latency_rows(snapshot: Stats) -> list[dict[str, Any]]:
