@@ -354,10 +354,11 @@ class Worker:
             self._listener.stop()
         connections.close_all()
         logger.info(
-            "worker %s stopped after %d runs",
+            "worker %s stopped after %d %s",
             self.name,
             self.processed,
-            extra={"worker": self.name},
+            "run" if self.processed == 1 else "runs",
+            extra={"worker": self.name, "runs": self.processed},
         )
 
     def _release_directly(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import time
@@ -10,6 +11,7 @@ import pytest
 
 import django_venturi as venturi
 from django_venturi.models import Job
+from django_venturi.worker import Worker
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -34,6 +36,7 @@ def test_sigterm_lets_a_short_job_finish(alias: str, workers: Workers) -> None:
     job.refresh_from_db()
     assert job.state == venturi.State.COMPLETED
     assert outcomes(alias, job) == ["completed"]
+    assert "stopped after 1 run\n" in workers.log()  # runs, not jobs (one job, one run here)
 
 
 def test_a_cooperative_job_sees_should_stop_and_pauses(alias: str, workers: Workers) -> None:
@@ -142,3 +145,12 @@ def test_a_released_async_handler_does_not_hold_up_the_exit(alias: str, workers:
     job.refresh_from_db()
     assert job.state == venturi.State.READY
     assert outcomes(alias, job) == ["released"]
+
+
+def test_the_stopped_line_counts_runs_not_jobs(
+    alias: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tasks.Flaky(failures=2).enqueue(using=alias)
+    with caplog.at_level(logging.INFO, logger="django_venturi.worker"):
+        Worker(burst=True, database=alias, poll_interval=0.05).run()
+    assert "stopped after 3 runs" in caplog.text  # one job, two retries and a completion
