@@ -657,6 +657,7 @@ class JobAdmin(JobAdminBase):
             "snapshot": snapshot,
             "live_rows": live_rows(snapshot),
             "latency_rows": latency_rows(snapshot),
+            "orphan_rows": orphan_rows(snapshot),
             "chart": chart(snapshot),
             "workers": [
                 {"worker": worker, "age": short_age(snapshot.taken_at - worker.heartbeat_at)}
@@ -748,6 +749,13 @@ def last_hour_by_kind(alias: str, snapshot: Stats) -> list[dict[str, Any]]:
     return [
         {"kind": kind, "queue": queue, **dict(zip(columns, figures, strict=True))}
         for kind, queue, *figures in entries
+    ]
+
+
+def orphan_rows(snapshot: Stats) -> list[dict[str, Any]]:
+    return [
+        {**orphan.as_dict(), "oldest": short_age(orphan.oldest_due_age)}
+        for orphan in snapshot.orphan_kinds
     ]
 
 

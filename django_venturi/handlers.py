@@ -91,6 +91,11 @@ class Handlers:
         with self._lock:
             return self.concurrency - self._unreplaced
 
+    def lost_threads(self) -> int:
+        """Handler threads abandoned past their timeout that have not returned yet."""
+        with self._lock:
+            return self._lost_threads
+
     @property
     def mean_duration(self) -> float | None:
         """Moving average of handler durations, in seconds (sizes the local buffer)."""

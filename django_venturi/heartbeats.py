@@ -11,7 +11,10 @@ Every heartbeat interval, in this order, on the heartbeat's own connection:
    (`leases.recover_expired`); the beat comes after the extension, so a worker
    that cannot extend its leases does not claim to be alive;
 4. now and then, recover its own orphans: jobs claimed in its name that it does
-   not hold (a claim whose answer a broken connection lost).
+   not hold (a claim whose answer a broken connection lost);
+5. now and then, look for orphan kinds in its queues: due jobs no live worker
+   can run (`orphan_kinds.OrphanWatch`, which warns). Its failure is not the
+   heartbeat's: it is logged and tried again at the next look.
 
 Runs whose row was locked are tried again soon, not a whole interval later.
 """
@@ -26,6 +29,7 @@ from django import db
 
 from django_venturi import leases, registration
 from django_venturi.execution import Execution
+from django_venturi.orphan_kinds import OrphanWatch
 from django_venturi.runs import Runs
 from django_venturi.supervision import DatabaseHealth, Service, Streak
 
@@ -49,6 +53,7 @@ class Heartbeat(Service):
         register: Callable[[], None],
         processed: Callable[[], int],
         on_cancel: Callable[[Execution, str], None],
+        orphan_watch: OrphanWatch | None = None,
     ) -> None:
         super().__init__()
         self.alias = alias
@@ -59,6 +64,7 @@ class Heartbeat(Service):
         self._register = register
         self._processed = processed
         self._on_cancel = on_cancel
+        self._orphan_watch = orphan_watch
         self._done = threading.Event()
         self._streak = Streak()
         self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * interval
@@ -72,8 +78,12 @@ class Heartbeat(Service):
             busy = self.health.guarded(self.beat, what="the heartbeat", streak=self._streak)
             if busy is None:
                 wait = min(self.interval, self.health.delay(self._streak.count))
-            else:
-                wait = BUSY_RETRY if busy else self.interval
+                continue
+            wait = BUSY_RETRY if busy else self.interval
+            if self._orphan_watch is not None:
+                self.health.guarded(
+                    self._orphan_watch.look_if_due, what="looking for jobs no worker can run"
+                )
 
     def beat(self) -> int:
         """One heartbeat; return how many held runs' rows were locked by others."""

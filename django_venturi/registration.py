@@ -1,6 +1,7 @@
 """The worker registry: one `WorkerProcess` row per worker process, kept fresh by its heartbeat.
 
-A worker upserts its row when it starts, refreshes `heartbeat_at`, `running`
+A worker upserts its row when it starts (with the queues it serves and the
+kinds it can run), refreshes `heartbeat_at`, `running`
 and `processed` at each heartbeat, and sets `stopped_at` when it stops. A
 worker killed without a chance to say so keeps its row with an old heartbeat:
 `is_stale()` tells those apart, so the admin and health checks can show them.
@@ -40,8 +41,12 @@ def register(
     queues: Sequence[str] | None,
     concurrency: int,
     heartbeat_interval: timedelta = timedelta(0),
+    kinds: Sequence[str] | None = None,
 ) -> None:
     """Create or reset the row of a starting worker (a reused name starts afresh).
+
+    `kinds`: the kinds it can run (`orphan_kinds.runnable_kinds`), so that jobs no
+    live worker can run are found (None: not reported, as from an older worker).
 
     `heartbeat_interval`: how often it beats. Its leases are not recovered by
     others while it beat within two intervals before they ran out
@@ -58,6 +63,7 @@ def register(
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "queues": list(queues) if queues else None,
+            "kinds": None if kinds is None else list(kinds),
             "concurrency": concurrency,
             "started_at": now,
             "heartbeat_at": now,

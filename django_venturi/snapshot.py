@@ -17,6 +17,7 @@ from django.db.models import Count, Min
 from django_venturi import registration, tallies
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
+from django_venturi.orphan_kinds import OrphanKind, find_orphan_kinds
 from django_venturi.states import State
 
 WINDOW = tallies.WINDOW
@@ -102,6 +103,8 @@ class Stats:
     """Running jobs that reported progress (at most `PROGRESS_LIMIT`, oldest job first)."""
     workers: list[LiveWorker] = dataclasses.field(default_factory=list)
     """Worker processes not stopped, newest first; stale ones included and marked."""
+    orphan_kinds: list[OrphanKind] = dataclasses.field(default_factory=list)
+    """Due jobs that no live worker can run, by kind and queue (see `orphan_kinds.py`)."""
 
     @property
     def stale_workers(self) -> list[LiveWorker]:
@@ -174,6 +177,7 @@ class Stats:
             ],
             "progress": [dataclasses.asdict(item) for item in self.progress],
             "workers": [worker.as_dict() for worker in self.workers],
+            "orphan_kinds": [orphan.as_dict() for orphan in self.orphan_kinds],
         }
 
 
@@ -212,6 +216,7 @@ def stats(*, using: str | None = None, stale_after: timedelta | None = None) -> 
         minutes=_minutes(alias, now),
         progress=_progress(alias),
         workers=_workers(alias, now, stale_after),
+        orphan_kinds=find_orphan_kinds(alias, now=now, stale_after=stale_after),
     )
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_venturi import backend_runner, registration, telemetry, text, verdicts
+from django_venturi import backend_runner, orphan_kinds, registration, telemetry, text, verdicts
 from django_venturi.cancel import cancel_channel
 from django_venturi.claim import ClaimedJob
 from django_venturi.claimer import Claimer
@@ -88,8 +88,11 @@ class Worker:
         batch_size: int | None = None,
         name: str | None = None,
         kind_concurrency: dict[str, int] | None = None,
+        list_kinds: bool = False,
     ) -> None:
         self.queues = list(queues) if queues else None
+        self.list_kinds = list_kinds
+        """Name every kind in the start-up line (`-v 2`), not only the first few."""
         self.kind_concurrency = dict(kind_concurrency or {})
         """Per-worker caps: at most N jobs of a kind at once in this process."""
         self.concurrency = concurrency or venturi_settings.CONCURRENCY
@@ -105,6 +108,9 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         _check_name(self.name)
         self.heartbeat_interval = self._heartbeat_interval()
+        tasks_kind_prefix = backend_runner.claimable_prefix()
+        self.kinds = orphan_kinds.runnable_kinds(tasks_kind_prefix)
+        """What it can run: its tasks' kinds, and `tasks:*` if it runs Django Tasks jobs."""
 
         self._stop = threading.Event()
         """Set at the first stop request: claim nothing more; handlers see should_stop."""
@@ -139,6 +145,9 @@ class Worker:
             register=self._register,
             processed=lambda: self.processed,
             on_cancel=self._cancel_requested,
+            orphan_watch=orphan_kinds.OrphanWatch(
+                alias=self.database, worker=self.name, queues=self.queues
+            ),
         )
         self.claimer = Claimer(
             worker=self.name,
@@ -148,7 +157,7 @@ class Worker:
             poll_interval=self.poll_interval,
             burst=burst,
             kind_concurrency=self.kind_concurrency,
-            tasks_kind_prefix=backend_runner.claimable_prefix(),
+            tasks_kind_prefix=tasks_kind_prefix,
             runs=self.runs,
             handlers=self.handlers,
             health=self.health,
@@ -160,6 +169,9 @@ class Worker:
         self._services: list[Service] = [self.results, self.heartbeat]
         self._listener: Listener | None = None
         self._failure: str | None = None
+        self.left_running = 0
+        """Handlers still running when the worker stopped (released at shutdown, or
+        abandoned past their timeout): their results are dropped, nothing waits for them."""
 
     @property
     def processed(self) -> int:
@@ -184,12 +196,14 @@ class Worker:
         claiming and handed back what it held.
         """
         logger.info(
-            "worker %s starting: queues=%s concurrency=%d kinds=%d",
+            "worker %s starting: queues=%s concurrency=%d %s",
             self.name,
             ",".join(self.queues) if self.queues else "*",
             self.concurrency,
-            len(registry.kinds()),
-            extra={"worker": self.name},
+            orphan_kinds.describe(
+                self.kinds, all_of_them=self.list_kinds or logger.isEnabledFor(logging.DEBUG)
+            ),
+            extra={"worker": self.name, "kinds": self.kinds},
         )
         # A configuration error stops the worker here, before it registers: a worker
         # that never ran must not be listed as live.
@@ -303,6 +317,7 @@ class Worker:
             queues=self.queues,
             concurrency=self.concurrency,
             heartbeat_interval=timedelta(seconds=self.heartbeat_interval),
+            kinds=self.kinds,
         )
 
     def _on_database_error(self) -> None:
@@ -321,7 +336,9 @@ class Worker:
             and not self.results.died()
         ):
             time.sleep(0.02)
-        self.handlers.release(self.runs.take_executing(), reason="still running at shutdown")
+        still_running = self.runs.take_executing()
+        self.handlers.release(still_running, reason="still running at shutdown")
+        self.left_running = len(still_running) + self.handlers.lost_threads()
         self.results.close()
         self._wait_for(self.results)
         if self.results.died():
@@ -337,10 +354,11 @@ class Worker:
             self._listener.stop()
         connections.close_all()
         logger.info(
-            "worker %s stopped after %d jobs",
+            "worker %s stopped after %d %s",
             self.name,
             self.processed,
-            extra={"worker": self.name},
+            "run" if self.processed == 1 else "runs",
+            extra={"worker": self.name, "runs": self.processed},
         )
 
     def _release_directly(self) -> None:

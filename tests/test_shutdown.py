@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import signal
+import subprocess
 import time
 
 import pytest
 
 import django_venturi as venturi
 from django_venturi.models import Job
+from django_venturi.worker import Worker
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -33,6 +36,7 @@ def test_sigterm_lets_a_short_job_finish(alias: str, workers: Workers) -> None:
     job.refresh_from_db()
     assert job.state == venturi.State.COMPLETED
     assert outcomes(alias, job) == ["completed"]
+    assert "stopped after 1 run\n" in workers.log()  # runs, not jobs (one job, one run here)
 
 
 def test_a_cooperative_job_sees_should_stop_and_pauses(alias: str, workers: Workers) -> None:
@@ -104,3 +108,49 @@ def test_a_killed_workers_job_is_recovered_after_its_lease(alias: str, workers: 
     assert outcomes(alias, job) == ["lease_expired", "completed"]
     rescuer.send_signal(signal.SIGTERM)
     assert rescuer.wait(timeout=20) == 0
+
+
+def stopped_then_exited(process: subprocess.Popen[bytes], workers: Workers) -> float:
+    """Wait for the worker's "stopped" line and its exit; return the seconds between them."""
+    deadline = time.monotonic() + 30
+    said_stopped: float | None = None
+    while process.poll() is None:
+        if said_stopped is None and "stopped after" in workers.log():
+            said_stopped = time.monotonic()
+        assert time.monotonic() < deadline, f"the worker did not exit:\n{workers.log()}"
+        time.sleep(0.01)
+    exited = time.monotonic()
+    assert process.returncode == 0, workers.log()
+    assert "stopped after" in workers.log()
+    return exited - (said_stopped or exited)
+
+
+def test_an_idle_worker_exits_right_after_saying_it_stopped(alias: str, workers: Workers) -> None:
+    process = workers.start(alias)
+    wait_until(lambda: "starting" in workers.log(), message="the worker to start")
+    process.send_signal(signal.SIGTERM)
+    assert stopped_then_exited(process, workers) < 1.0
+    assert "stopped after 0 runs" in workers.log()
+
+
+def test_a_released_async_handler_does_not_hold_up_the_exit(alias: str, workers: Workers) -> None:
+    """Its `sync_to_async` call runs in a thread the interpreter would join at exit."""
+    job = tasks.AsyncBlocking(seconds=120).enqueue(using=alias)
+    process = workers.start(alias, "--shutdown-timeout", "0.5")
+    wait_until(lambda: started(alias, job), message="the job to start")
+    begun = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    stopped_then_exited(process, workers)
+    assert time.monotonic() - begun < 20  # not the handler's two minutes
+    job.refresh_from_db()
+    assert job.state == venturi.State.READY
+    assert outcomes(alias, job) == ["released"]
+
+
+def test_the_stopped_line_counts_runs_not_jobs(
+    alias: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tasks.Flaky(failures=2).enqueue(using=alias)
+    with caplog.at_level(logging.INFO, logger="django_venturi.worker"):
+        Worker(burst=True, database=alias, poll_interval=0.05).run()
+    assert "stopped after 3 runs" in caplog.text  # one job, two retries and a completion

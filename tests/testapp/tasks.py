@@ -197,6 +197,21 @@ class Sleeper(venturi.Task):
         return venturi.Outcome.completed()
 
 
+@venturi.task(kind="tests.async_blocking")
+@dataclasses.dataclass
+class AsyncBlocking(venturi.Task):
+    """An async handler blocked in `sync_to_async` code that ignores `should_stop`."""
+
+    seconds: float
+
+    async def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(record)(ctx, "async_blocking", os.getpid())
+        await sync_to_async(time.sleep)(self.seconds)
+        return venturi.Outcome.completed()
+
+
 # ---------------------------------------------------------------- crash and fault tests
 
 

@@ -2,7 +2,10 @@
 
 `--check-workers` is a health check instead: exit 0 if a worker on this host
 (or `--host`) has a fresh heartbeat, 1 otherwise (a Kubernetes liveness probe, a
-systemd `ExecStartPost=` check or a monitoring script).
+systemd `ExecStartPost=` check or a monitoring script). Orphan kinds (due jobs
+no live worker can run) do not fail it, since restarting a worker would not
+help; it names them on stderr. `--check-orphans` is the check that fails on them
+(for monitoring, not for liveness).
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_venturi.management.commands.venturi_worker import positive_seconds
+from django_venturi.orphan_kinds import OrphanKind
 from django_venturi.snapshot import Stats, stats
+
+ORPHAN_CAUSES = (
+    "its task is in a module venturi does not import (an app's tasks.py or "
+    "VENTURI['TASK_MODULES'] are), the task was removed or renamed, the kind is a typo, "
+    "or no worker serves its queue"
+)
 
 
 class Command(BaseCommand):
@@ -37,6 +47,11 @@ class Command(BaseCommand):
             help="Health check: exit 1 unless a worker on --host has a fresh heartbeat.",
         )
         parser.add_argument(
+            "--check-orphans",
+            action="store_true",
+            help="Health check: exit 1 if due jobs wait that no live worker can run.",
+        )
+        parser.add_argument(
             "--host",
             default=None,
             help="The host whose workers --check-workers looks at (default: this one; * for any).",
@@ -53,6 +68,9 @@ class Command(BaseCommand):
         if options["check_workers"]:
             self.check_workers(options)
             return
+        if options["check_orphans"]:
+            self.check_orphans(options)
+            return
         while True:
             snapshot = stats(using=options["database"])
             if options["json"]:
@@ -66,10 +84,7 @@ class Command(BaseCommand):
 
     def check_workers(self, options: dict[str, Any]) -> None:
         host = options["host"] or socket.gethostname()
-        stale_after = (
-            None if options["stale_after"] is None else timedelta(seconds=options["stale_after"])
-        )
-        snapshot = stats(using=options["database"], stale_after=stale_after)
+        snapshot = stats(using=options["database"], stale_after=_stale_after(options))
         mine = [worker for worker in snapshot.workers if host in ("*", worker.host)]
         fresh = [worker.name for worker in mine if not worker.stale]
         stale = [worker.name for worker in mine if worker.stale]
@@ -81,6 +96,25 @@ class Command(BaseCommand):
             f"ok: {len(fresh)} live worker(s) on {where}"
             + (f"; stale: {', '.join(stale)}" if stale else "")
         )
+        if snapshot.orphan_kinds:
+            self.stderr.write(f"warning: {orphans_line(snapshot.orphan_kinds)}")
+
+    def check_orphans(self, options: dict[str, Any]) -> None:
+        snapshot = stats(using=options["database"], stale_after=_stale_after(options))
+        if snapshot.orphan_kinds:
+            raise CommandError(orphans_line(snapshot.orphan_kinds))
+        self.stdout.write("ok: every due job has a live worker that can run it")
+
+
+def _stale_after(options: dict[str, Any]) -> timedelta | None:
+    seconds = options["stale_after"]
+    return None if seconds is None else timedelta(seconds=seconds)
+
+
+def orphans_line(orphans: list[OrphanKind]) -> str:
+    """One line naming the orphan kinds and their likely causes."""
+    named = ", ".join(f"{orphan.kind} ({orphan.jobs} in {orphan.queue})" for orphan in orphans)
+    return f"due jobs that no live worker can run: {named}; causes: {ORPHAN_CAUSES}"
 
 
 def runs(count: int, which: str) -> str:
@@ -115,5 +149,17 @@ def render(snapshot: Stats) -> str:
             f"{worker.processed} processed, heartbeat "
             f"{(snapshot.taken_at - worker.heartbeat_at).total_seconds():.0f} s ago"
             + (" STALE" if worker.stale else "")
+        )
+    if snapshot.orphan_kinds:
+        lines.append(f"due jobs that no live worker can run (causes: {ORPHAN_CAUSES}):")
+    for orphan in snapshot.orphan_kinds:
+        lines.append(
+            f"  {orphan.kind} in queue {orphan.queue}: {orphan.jobs} due, oldest waiting "
+            f"{orphan.oldest_due_age.total_seconds():.0f} s"
+            + (
+                f" (a live worker knows the kind; none serves {orphan.queue})"
+                if orphan.known
+                else ""
+            )
         )
     return "\n".join(lines)

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import difflib
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from django_venturi.backend import is_venturi_backend
 from django_venturi.conf import venturi_settings
 from django_venturi.migration_state import migration_errors
-from django_venturi.registry import MAX_QUEUE_LENGTH, validate_name
+from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
 from django_venturi.worker import Worker, WorkerFailed
 
 
@@ -66,6 +71,8 @@ def kind_caps(text: str) -> dict[str, int]:
 class Command(BaseCommand):
     help = "Run a venturi worker: claim due jobs and run their handlers until stopped."
     requires_system_checks = "__all__"
+    left_running = 0
+    """Handlers still running when the worker stopped (see `run_from_argv`)."""
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -112,6 +119,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        self._refuse_unknown_kinds(options["kind_concurrency"] or {})
+        self._warn_of_unused_queues(options["queues"] or [])
         self._refuse_an_old_schema(options["database"] or venturi_settings.DATABASE)
         worker = Worker(
             queues=options["queues"],
@@ -122,6 +131,7 @@ class Command(BaseCommand):
             database=options["database"],
             burst=options["burst"],
             kind_concurrency=options["kind_concurrency"],
+            list_kinds=options["verbosity"] >= 2,
         )
         restore = worker.install_signal_handlers()
         try:
@@ -130,6 +140,46 @@ class Command(BaseCommand):
             raise CommandError(f"the worker stopped: {error}") from None
         finally:
             restore()
+            self.left_running = worker.left_running
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Run as a process of its own; once the worker stopped, exit without waiting
+        for handlers it released while they ran.
+
+        Their runs are handed back and their results would be dropped, but the
+        interpreter would wait at exit for the threads that `sync_to_async` lends to
+        async handlers (and any other non-daemon thread a handler started), however
+        long they take. `call_command` does not come here: it never ends its process.
+        """
+        try:
+            super().run_from_argv(argv)
+        except SystemExit as exiting:
+            if self.left_running:
+                exit_now(exiting.code if isinstance(exiting.code, int) else 1)
+            raise
+        if self.left_running:
+            exit_now(0)
+
+    def _refuse_unknown_kinds(self, caps: dict[str, int]) -> None:
+        """A cap on a kind no task registered is a typo: it would cap nothing."""
+        known = registry.kinds()
+        for kind in caps:
+            if kind not in known:
+                raise CommandError(f"--kind-concurrency: {unknown_kind(kind, known)}")
+
+    def _warn_of_unused_queues(self, queues: list[str]) -> None:
+        """Jobs may be enqueued on any queue, but a queue no task uses is often a typo."""
+        used = default_queues()
+        for queue in queues:
+            if queue not in used:
+                close = difflib.get_close_matches(queue, sorted(used), n=3)
+                hint = f"did you mean {_either(close)}? " if close else ""
+                self.stderr.write(
+                    f"--queues: no registered task uses queue {queue!r} by default "
+                    f"({hint}tasks use {', '.join(sorted(used))}); the worker serves it "
+                    "anyway, for jobs enqueued with that queue",
+                    self.style.WARNING,
+                )
 
     def _refuse_an_old_schema(self, alias: str) -> None:
         """Exit with the check's message when venturi's migrations are behind on `alias`."""
@@ -149,3 +199,44 @@ class Command(BaseCommand):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
         logger.addHandler(handler)
         logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+def unknown_kind(kind: str, known: list[str]) -> str:
+    """Say that no task is registered under `kind`, with the registered kinds it resembles."""
+    close = difflib.get_close_matches(kind, known, n=3)
+    if close:
+        return f"no task is registered under kind {kind!r}; did you mean {_either(close)}?"
+    listed = ", ".join(known[:KINDS_LISTED]) + (", ..." if len(known) > KINDS_LISTED else "")
+    return f"no task is registered under kind {kind!r} (registered: {listed or 'none'})"
+
+
+KINDS_LISTED = 10
+"""How many registered kinds an error about an unknown kind lists."""
+
+
+def _either(names: list[str]) -> str:
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def default_queues() -> set[str]:
+    """The queues jobs go to unless enqueued with another one: each task's, the default
+    queue, and the QUEUES of venturi's Django Tasks backends."""
+    queues = {spec.queue or venturi_settings.DEFAULT_QUEUE for spec in registry.specs()}
+    queues.add(venturi_settings.DEFAULT_QUEUE)
+    tasks = getattr(settings, "TASKS", None)
+    for entry in tasks.values() if isinstance(tasks, dict) else ():
+        if isinstance(entry, dict) and is_venturi_backend(entry.get("BACKEND")):
+            queues.update(
+                name for name in entry.get("QUEUES", ["default"]) if isinstance(name, str)
+            )
+    return queues
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the process: run the atexit callbacks (logging's flush among them) and exit
+    without joining the threads still running handlers."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
