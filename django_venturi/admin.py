@@ -28,7 +28,8 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Count, Field, QuerySet
+from django.db.models import Count, Field, Q, QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -36,8 +37,9 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 
-from django_venturi import registration, text
+from django_venturi import codec, registration, text
 from django_venturi.cancel import cancel
 from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job, JournalEntry
@@ -200,6 +202,25 @@ def short_age(delta: timedelta) -> str:
         return f"{hours}h {minutes:02d}m"
     days, hours = divmod(hours, 24)
     return f"{days}d {hours}h"
+
+
+def search_jobs(queryset: QuerySet[Job], search_term: str) -> QuerySet[Job]:
+    """Jobs whose kind, dedup key or payload holds every word of the search.
+
+    The payload is searched only for kinds without `venturi.secret()` fields: the
+    job page masks those, and a search would reveal them a prefix at a time.
+    """
+    secret_kinds = [spec.kind for spec in registry.specs() if codec.holds_secrets(spec.cls)]
+    payload_searchable = ~Q(kind__in=secret_kinds) if secret_kinds else Q()
+    for word in smart_split(search_term):
+        if word[:1] in "\"'" and word[-1:] == word[:1]:
+            word = unescape_string_literal(word)
+        queryset = queryset.filter(
+            Q(kind__icontains=word)
+            | Q(dedup_key__icontains=word)
+            | (Q(payload__icontains=word) & payload_searchable)
+        )
+    return queryset
 
 
 # ---------------------------------------------------------------- the job page
@@ -495,12 +516,22 @@ class JobAdmin(JobAdminBase):
         """A number is a job id (one index lookup); text is looked for in kind, key and payload.
 
         Text search reads every row (`icontains`), so it takes seconds on millions of jobs;
-        an id never does.
+        an id never does. The autocomplete of a job field searches here too.
         """
         term = search_term.strip().removeprefix("#")
         if term.isdigit():
             return queryset.filter(pk=int(term)), False
-        return super().get_search_results(request, queryset, search_term)
+        return search_jobs(queryset, search_term), False
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """No filter on the payload from the URL (`?payload__password__startswith=a`).
+
+        Django allows any lookup on the model's own fields; one on the payload would
+        test a secret field's value without showing it, one guess at a time.
+        """
+        if lookup.split(LOOKUP_SEP)[0] == "payload":
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     # ------------------------------------------------------------ permissions
 
@@ -815,6 +846,12 @@ class JournalEntryAdmin(JournalEntryAdminBase):
     )
     list_filter = ("outcome",)
     list_select_related = ("job",)
+    search_fields = ("job__kind", "error_type", "error_message")
+    search_help_text = (
+        "A job id (123 or #123) for that job's runs, or part of the kind, the error type "
+        "or the error message."
+    )
+    ordering = ("-id",)
     readonly_fields = (
         "job",
         "attempt",
@@ -838,6 +875,16 @@ class JournalEntryAdmin(JournalEntryAdminBase):
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         refuse_unstorable_parameters(request)
         return super().get_changelist_instance(request)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JournalEntry], search_term: str
+    ) -> tuple[QuerySet[JournalEntry], bool]:
+        """A number is a job id: that job's runs. Text searches what the list and page show
+        (never a payload, so never a secret field)."""
+        term = search_term.strip().removeprefix("#")
+        if term.isdigit():
+            return queryset.filter(job_id=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.django_db
 CHANGELIST = reverse("admin:django_venturi_job_changelist")
 STATS = reverse("admin:django_venturi_job_stats")
 CLEANUP = reverse("admin:django_venturi_job_cleanup")
+JOURNAL = reverse("admin:django_venturi_journalentry_changelist")
 
 
 @venturi.task(kind="tests.admin_login")
@@ -54,9 +55,14 @@ def finished(
 
 def staff(*permissions: str) -> Client:
     """A logged-in staff user holding the view permission and the given codenames."""
+    return staff_with("view_job", "view_journalentry", *permissions)
+
+
+def staff_with(*codenames: str) -> Client:
+    """A logged-in staff user holding exactly these permissions."""
     user = User.objects.create_user(f"staff{User.objects.count()}", password="x", is_staff=True)
-    codenames = ["view_job", "view_journalentry", *permissions]
     user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    assert user.user_permissions.count() == len(codenames)
     client = Client()
     client.force_login(user)
     return client
@@ -88,6 +94,120 @@ def test_staff_without_view_permission_cannot_see_jobs_or_stats() -> None:
     assert client.get(CHANGELIST).status_code == 403
     assert client.get(STATS).status_code == 403
     assert client.get(CLEANUP).status_code == 403
+
+
+# ---------------------------------------------------------------- secrets
+
+
+SECRET = "SUPERSECRET1-hunter2"
+
+
+def secret_job() -> Job:
+    """A failed login job whose password is a secret field (with a journal entry)."""
+    job = Login(user="ada", password=SECRET).enqueue()
+    Job.objects.filter(pk=job.pk).update(
+        state="failed", attempt=1, failures=1, finished_at=timezone.now(), last_error="E: no"
+    )
+    JournalEntry.objects.create(job=job, attempt=1, outcome="failed", error_type="E")
+    return job
+
+
+def periodic_url(view: str, *args: object) -> str:
+    return f"/admin/django_venturi/periodictask/{'/'.join(map(str, args))}/{view}/"
+
+
+def test_the_periodic_tasks_admin_shows_no_job_of_its_own() -> None:
+    """Its model is a proxy of Job: Django's views would show any job, unmasked."""
+    job = secret_job()
+    client = staff_with("view_periodictask")
+    assert client.get("/admin/django_venturi/periodictask/").status_code == 200
+    for view in ("change", "history", "delete"):
+        response = client.get(periodic_url(view, job.pk))
+        assert response.status_code == 404, view
+        assert SECRET not in response.content.decode()
+    assert client.get(reverse("admin:django_venturi_job_change", args=[job.pk])).status_code == 403
+    assert client.get(CHANGELIST).status_code == 403
+
+
+def test_a_superuser_meets_no_secret_on_any_page(admin_client: Client) -> None:
+    job = secret_job()
+    entry = JournalEntry.objects.get(job=job)
+    for url in (
+        CHANGELIST,
+        reverse("admin:django_venturi_job_change", args=[job.pk]),
+        reverse("admin:django_venturi_job_history", args=[job.pk]),
+        reverse("admin:django_venturi_job_delete", args=[job.pk]),
+        reverse("admin:django_venturi_journalentry_changelist"),
+        reverse("admin:django_venturi_journalentry_change", args=[entry.pk]),
+        STATS,
+        "/admin/django_venturi/periodictask/",
+    ):
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        assert SECRET not in response.content.decode(), url
+    for action in ("retry_now", "cancel_jobs", "delete_selected"):
+        confirmation = act(admin_client, action, [job], confirm=False)
+        assert f"#{job.pk}" in confirmation.content.decode() or "ada" in str(job)
+        assert SECRET not in confirmation.content.decode(), action
+
+
+@pytest.mark.parametrize("guess", ["SUPERSECRET1", "hunter2", SECRET])
+def test_search_never_looks_into_secret_fields(admin_client: Client, guess: str) -> None:
+    job = secret_job()
+    by_kind = admin_client.get(f"{CHANGELIST}?q=admin_login").context["cl"].result_list
+    assert [row.pk for row in by_kind] == [job.pk]
+    # A kind with secret fields keeps its whole payload out of the search.
+    assert list(admin_client.get(f"{CHANGELIST}?q=ada").context["cl"].result_list) == []
+    assert list(admin_client.get(f"{CHANGELIST}?q={guess}").context["cl"].result_list) == []
+    def autocomplete(term: str) -> list[str]:
+        response = admin_client.get(
+            "/admin/autocomplete/",
+            {"app_label": "django_venturi", "model_name": "journalentry", "field_name": "job"}
+            | {"term": term},
+        )
+        assert response.status_code == 200
+        return [result["id"] for result in response.json()["results"]]
+
+    assert autocomplete("admin_login") == [str(job.pk)]
+    assert autocomplete(guess) == []
+    assert autocomplete("ada") == []
+    assert list(admin_client.get(f"{JOURNAL}?q={guess}").context["cl"].result_list) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{CHANGELIST}?payload__password__startswith=SUPER",
+        f"{CHANGELIST}?payload__icontains=SUPER",
+        f"{CHANGELIST}?payload__password=x",
+        f"{CHANGELIST.replace('/job/', '/journalentry/')}?job__payload__password__startswith=SUPER",
+    ],
+)
+def test_no_filter_tests_a_secret_from_the_url(url: str) -> None:
+    secret_job()
+    response = staff().get(url)
+    assert response.status_code == 400  # Django's answer to a lookup it does not allow
+
+
+def test_narrow_permissions_see_no_secret_anywhere() -> None:
+    job = secret_job()
+    viewer = staff()  # view_job and view_journalentry only
+    page = viewer.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
+    assert page.status_code == 200 and SECRET not in page.content.decode()
+    assert "********" in page.content.decode()
+    assert viewer.get(reverse("admin:django_venturi_job_delete", args=[job.pk])).status_code == 403
+    history = viewer.get(reverse("admin:django_venturi_job_history", args=[job.pk]))
+    assert SECRET not in history.content.decode()
+    for action in ("retry_now", "cancel_jobs", "delete_selected"):
+        response = act(viewer, action, [job], confirm=False)
+        assert SECRET not in response.content.decode(), action
+    journal_only = staff_with("view_journalentry")
+    entry = JournalEntry.objects.get(job=job)
+    journal_page = journal_only.get(
+        reverse("admin:django_venturi_journalentry_change", args=[entry.pk])
+    )
+    assert journal_page.status_code == 200 and SECRET not in journal_page.content.decode()
+    assert journal_only.get(f"{JOURNAL}?q=SUPERSECRET1").context["cl"].result_list.count() == 0
 
 
 # ---------------------------------------------------------------- the list
@@ -436,7 +556,7 @@ def test_the_admin_reads_jobs_from_the_venturi_database(admin_client: Client) ->
     job = Login(user="ada", password="hunter2").enqueue(using="sqlite")
     JournalEntry.objects.using("sqlite").create(job=job, attempt=1, outcome="retry")
     with override_settings(VENTURI={**settings.VENTURI, "DATABASE": "sqlite"}):
-        listed = admin_client.get(f"{CHANGELIST}?q=ada").context["cl"].result_list
+        listed = admin_client.get(f"{CHANGELIST}?q=admin_login").context["cl"].result_list
         assert [row.pk for row in listed] == [job.pk]
         page = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
         assert page.status_code == 200 and "retry: ready" in page.content.decode()
