@@ -16,6 +16,7 @@ Fields are never editable here: jobs change only through these actions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -25,12 +26,19 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Count, Field, Q, QuerySet
 from django.db.models.constants import LOOKUP_SEP
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -48,7 +56,7 @@ from django_venturi.retention import cleanup
 from django_venturi.retry import retry_now
 from django_venturi.snapshot import FAILING, Stats, stats
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
-from django_venturi.verdicts import GAVE_UP_SEPARATOR
+from django_venturi.verdicts import GAVE_UP_SEPARATOR, OUTCOME_TYPE_PREFIX
 
 if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]
@@ -141,7 +149,24 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue=self.value()) if self.value() else queryset
 
 
+CURRENT_ERROR = (Q(state=State.FAILED) | Q(state=State.READY, failures__gt=0)) & ~Q(last_error="")
+"""Jobs whose last error still describes them: failed, or ready again after a failed run.
+
+A job that completed, was cancelled or is running keeps `last_error` from an earlier
+run; the list does not show it as if it were the job's trouble now.
+"""
+
+
+def has_current_error(job: Job) -> bool:
+    """`CURRENT_ERROR` for one row."""
+    if not job.last_error:
+        return False
+    return job.state == State.FAILED or (job.state == State.READY and job.failures > 0)
+
+
 class HasErrorFilter(admin.SimpleListFilter):
+    """Jobs with a current error (`CURRENT_ERROR`): the ones the last error column shows."""
+
     title = "last error"
     parameter_name = "has_error"
 
@@ -150,9 +175,9 @@ class HasErrorFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
-            return queryset.exclude(last_error="")
+            return queryset.filter(CURRENT_ERROR)
         if self.value() == "no":
-            return queryset.filter(last_error="")
+            return queryset.exclude(CURRENT_ERROR)
         return queryset
 
 
@@ -296,6 +321,59 @@ def state_history(job: Job, entries: Sequence[JournalEntry]) -> list[tuple[datet
     elif job.state == State.READY and events[-1][1].endswith(": failed"):
         events.append((None, "retried from the admin: ready"))
     return events
+
+
+# ---------------------------------------------------------------- retry and cancel
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirmation:
+    """An action that asks first: the list action's name, its job-page button's URL, its page."""
+
+    name: str
+    button: str
+    title: str
+    explanation: str
+
+
+RETRY = Confirmation(
+    name="retry_now",
+    button="retry",
+    title="Retry these jobs now?",
+    explanation=(
+        "Ready and failed jobs become ready with run_at = now. A failed job starts a fresh "
+        "set of attempts (its failure count goes back to 0; give_up_after still counts "
+        "from the first enqueue). Other jobs are left as they are."
+    ),
+)
+CANCEL = Confirmation(
+    name="cancel_jobs",
+    button="cancel",
+    title="Cancel these jobs?",
+    explanation=(
+        "Ready jobs become cancelled at once. Running jobs are asked to stop: their handler "
+        "sees ctx.should_stop, and the job ends cancelled when it returns. Finished jobs are "
+        "left as they are."
+    ),
+)
+
+
+def retry_button_label(job: Job) -> str:
+    """'Retry now' for a failed job, 'Run now' for one scheduled later; '' when neither."""
+    if job.state == State.FAILED:
+        return "Retry now"
+    if job.state == State.READY and job.run_at > timezone.now():
+        return "Run now"
+    return ""
+
+
+def cancel_button_label(job: Job) -> str:
+    """'Cancel' for a ready job, 'Cancel (ask it to stop)' for a running one not yet asked."""
+    if job.state == State.READY:
+        return "Cancel"
+    if job.state == State.RUNNING and job.cancel_requested_at is None:
+        return "Cancel (ask it to stop)"
+    return ""
 
 
 # ---------------------------------------------------------------- forms
@@ -463,13 +541,16 @@ class JobAdmin(JobAdminBase):
 
     @admin.display(description="last error")
     def error_summary(self, job: Job) -> SafeString | str:
-        if not job.last_error:
+        """The first line of a current error (`has_current_error`); nothing for an old one."""
+        if not has_current_error(job):
             return ""
         first_line = job.last_error.strip().splitlines()[0] if job.last_error.strip() else ""
         error_type, colon, message = first_line.partition(": ")
         # A give-up says so first; the state column says it too, so show the error itself.
         message = message.partition(GAVE_UP_SEPARATOR)[2] or message
-        if colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
+        if error_type.startswith(OUTCOME_TYPE_PREFIX):  # `Outcome.failed: reason` -> `reason`
+            first_line = message
+        elif colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
             first_line = f"{error_type.rpartition('.')[2]}: {message}"
         short = first_line if len(first_line) <= 40 else first_line[:39] + "…"
         return format_html('<span title="{}">{}</span>', job.last_error, short)
@@ -490,7 +571,15 @@ class JobAdmin(JobAdminBase):
 
     @admin.display(description="last error")
     def last_error_text(self, job: Job) -> SafeString | str:
-        return format_html("<pre>{}</pre>", job.last_error) if job.last_error else "-"
+        if not job.last_error:
+            return "-"
+        if has_current_error(job):
+            return format_html("<pre>{}</pre>", job.last_error)
+        return format_html(
+            '<p class="help">From an earlier run; the job is {} now.</p><pre>{}</pre>',
+            job.state,
+            job.last_error,
+        )
 
     @admin.display(description="state history")
     def state_history_table(self, job: Job) -> SafeString:
@@ -523,7 +612,7 @@ class JobAdmin(JobAdminBase):
             return queryset.filter(pk=int(term)), False
         return search_jobs(queryset, search_term), False
 
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         """No filter on the payload from the URL (`?payload__password__startswith=a`).
 
         Django allows any lookup on the model's own fields; one on the payload would
@@ -567,17 +656,24 @@ class JobAdmin(JobAdminBase):
     @admin.action(description="Retry now (ready or failed jobs run at once)", permissions=["retry"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         if request.POST.get("post") != "yes":
-            return self._confirm(
-                request,
-                queryset,
-                action="retry_now",
-                title="Retry these jobs now?",
-                explanation=(
-                    "Ready and failed jobs become ready with run_at = now. A failed job "
-                    "keeps its attempt count: it gets one more run. Other jobs are left "
-                    "as they are."
-                ),
-            )
+            return self._confirm(request, queryset, RETRY)
+        self.retry_jobs(request, queryset)
+        return None
+
+    @admin.action(description="Cancel (running jobs are asked to stop)", permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        if request.POST.get("post") != "yes":
+            return self._confirm(request, queryset, CANCEL)
+        result = cancel(list(queryset.values_list("id", flat=True)), using=queryset.db)
+        self.message_user(
+            request,
+            f"{jobs(result.cancelled)} cancelled; {jobs(result.stopping)} running asked to stop.",
+            messages.SUCCESS,
+        )
+        return None
+
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """Retry now, and say what happened to each job."""
         result = retry_now(queryset.values_list("id", flat=True), using=queryset.db)
         self.message_user(request, f"{jobs(len(result.retried))} will run now.", messages.SUCCESS)
         if result.clashes:
@@ -593,48 +689,19 @@ class JobAdmin(JobAdminBase):
                 f"{jobs(len(result.skipped))} neither ready nor failed: left as they are.",
                 messages.INFO,
             )
-        return None
-
-    @admin.action(description="Cancel (running jobs are asked to stop)", permissions=["cancel"])
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        if request.POST.get("post") != "yes":
-            return self._confirm(
-                request,
-                queryset,
-                action="cancel_jobs",
-                title="Cancel these jobs?",
-                explanation=(
-                    "Ready jobs become cancelled at once. Running jobs are asked to stop: "
-                    "their handler sees ctx.should_stop, and the job ends cancelled when it "
-                    "returns. Finished jobs are left as they are."
-                ),
-            )
-        result = cancel(list(queryset.values_list("id", flat=True)), using=queryset.db)
-        self.message_user(
-            request,
-            f"{jobs(result.cancelled)} cancelled; {jobs(result.stopping)} running asked to stop.",
-            messages.SUCCESS,
-        )
-        return None
 
     def _confirm(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Job],
-        *,
-        action: str,
-        title: str,
-        explanation: str,
+        self, request: HttpRequest, queryset: QuerySet[Job], action: Confirmation
     ) -> TemplateResponse:
         """The intermediate page: the selection again, with a button that posts it back."""
         listed = list(queryset.order_by("-id")[:CONFIRM_LISTED])
         total = queryset.count() if len(listed) == CONFIRM_LISTED else len(listed)
         context = {
             **self.admin_site.each_context(request),
-            "title": title,
-            "explanation": explanation,
+            "title": action.title,
+            "explanation": action.explanation,
             "opts": self.model._meta,
-            "action": action,
+            "action": action.name,
             "jobs": listed,
             "total": total,
             "selected_ids": request.POST.getlist(ACTION_CHECKBOX_NAME),
@@ -654,11 +721,74 @@ class JobAdmin(JobAdminBase):
                 name=f"django_venturi_job_{name}",
             )
 
+        def button(action: Confirmation) -> URLPattern:
+            def answer(request: HttpRequest, object_id: str) -> HttpResponse:
+                return self.button_view(request, object_id, action)
+
+            return path(
+                f"<path:object_id>/{action.button}/",
+                self.admin_site.admin_view(answer),
+                name=f"django_venturi_job_{action.button}",
+            )
+
         return [
             view(self.stats_view, "stats"),
             view(self.cleanup_view, "cleanup"),
+            button(RETRY),
+            button(CANCEL),
             *super().get_urls(),
         ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        job = self.get_object(request, unquote(object_id))
+        extra = {
+            "job_buttons": self.job_buttons(request, job) if job else [],
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, extra)
+
+    def job_buttons(self, request: HttpRequest, job: Job) -> list[dict[str, str]]:
+        """The job page's Retry and Cancel buttons that apply to its state and the user."""
+        buttons = []
+        retry_label = retry_button_label(job)
+        if retry_label and self.has_retry_permission(request):
+            buttons.append({"label": retry_label, "url": self.button_url(RETRY, job)})
+        cancel_label = cancel_button_label(job)
+        if cancel_label and self.has_cancel_permission(request):
+            buttons.append({"label": cancel_label, "url": self.button_url(CANCEL, job)})
+        return buttons
+
+    def button_url(self, action: Confirmation, job: Job) -> str:
+        return reverse(f"admin:django_venturi_job_{action.button}", args=[quote(job.pk)])
+
+    def button_view(
+        self, request: HttpRequest, object_id: str, action: Confirmation
+    ) -> HttpResponse:
+        """A job page's button: the list action's confirmation, then the action on this job."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            raise Http404(f"no job with id {object_id!r}")
+        allowed = self.has_retry_permission if action is RETRY else self.has_cancel_permission
+        if not self.has_view_permission(request, job) or not allowed(request):
+            raise PermissionDenied
+        queryset = self.get_queryset(request).filter(pk=job.pk)
+        if request.POST.get("post") != "yes":
+            return self._confirm(request, queryset, action)
+        if action is RETRY:
+            self.retry_jobs(request, queryset)
+        else:
+            self.cancel_jobs(request, queryset)
+        return HttpResponseRedirect(
+            reverse("admin:django_venturi_job_change", args=[quote(job.pk)])
+        )
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -707,8 +837,7 @@ class JobAdmin(JobAdminBase):
                 result = cleanup(**options)
                 self.message_user(
                     request,
-                    f"Deleted {result.jobs} jobs and {result.journal_entries} journal entries "
-                    f"{result.in_batches()}.",
+                    f"Deleted {result.counts()} {result.in_batches()}.",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(reverse("admin:django_venturi_job_changelist"))

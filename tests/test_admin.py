@@ -159,6 +159,7 @@ def test_search_never_looks_into_secret_fields(admin_client: Client, guess: str)
     # A kind with secret fields keeps its whole payload out of the search.
     assert list(admin_client.get(f"{CHANGELIST}?q=ada").context["cl"].result_list) == []
     assert list(admin_client.get(f"{CHANGELIST}?q={guess}").context["cl"].result_list) == []
+
     def autocomplete(term: str) -> list[str]:
         response = admin_client.get(
             "/admin/autocomplete/",
@@ -362,6 +363,138 @@ def test_job_and_journal_pages_show_times_to_the_second(admin_client: Client) ->
         assert " a.m." not in page, url
     page = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
     assert "Start of the latest run." in page.content.decode()  # the field's help is kept
+
+
+def test_the_list_shows_a_last_error_only_while_it_is_current(admin_client: Client) -> None:
+    """A job that failed once and then completed is not in trouble: no red error for it."""
+    failed = finished("failed", last_error="ValueError: gone for good")
+    completed = finished("completed", last_error="ValueError: a blip before it worked")
+    backing_off = tasks.Noop(n=1).enqueue()
+    Job.objects.filter(pk=backing_off.pk).update(
+        attempt=1, failures=1, last_error="ConnectionError: refused, will retry"
+    )
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "gone for good" in page and "refused, will retry" in page
+    assert "a blip before it worked" not in page
+    with_error = admin_client.get(f"{CHANGELIST}?has_error=yes").context["cl"].result_list
+    assert {job.pk for job in with_error} == {failed.pk, backing_off.pk}
+    job_page = admin_client.get(reverse("admin:django_venturi_job_change", args=[completed.pk]))
+    assert "From an earlier run; the job is completed now." in job_page.content.decode()
+
+
+# ---------------------------------------------------------------- the journal
+
+
+def test_the_journal_lists_newest_first_and_searches(admin_client: Client) -> None:
+    first = finished("failed", kind="tests.recompute", payload={"account": "1"})
+    second = finished("completed")
+    old = JournalEntry.objects.create(
+        job=first, attempt=1, outcome="failed", error_type="ValueError", error_message="no stock"
+    )
+    new = JournalEntry.objects.create(job=second, attempt=1, outcome="completed")
+
+    def listed(query: str = "") -> list[int]:
+        response = admin_client.get(f"{JOURNAL}?{query}")
+        assert response.status_code == 200
+        return [entry.pk for entry in response.context["cl"].result_list]
+
+    assert listed() == [new.pk, old.pk]
+    assert listed(f"q={second.pk}") == [new.pk]
+    assert listed(f"q=%23{first.pk}") == [old.pk]
+    assert listed("q=recompute") == [old.pk]
+    assert listed("q=ValueError") == [old.pk]
+    assert listed("q=stock") == [old.pk]
+    assert listed("q=nothing+like+it") == []
+
+
+# ---------------------------------------------------------------- the job page's buttons
+
+
+def job_page(client: Client, job: Job) -> str:
+    response = client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def press(client: Client, button: str, job: Job, *, confirm: bool) -> Any:
+    url = reverse(f"admin:django_venturi_job_{button}", args=[job.pk])
+    return client.post(url, {"post": "yes"} if confirm else {}, follow=confirm)
+
+
+def test_a_failed_job_page_retries_after_a_confirmation(admin_client: Client) -> None:
+    job = finished("failed", last_error="boom")
+    page = job_page(admin_client, job)
+    retry_url = reverse("admin:django_venturi_job_retry", args=[job.pk])
+    assert f'action="{retry_url}"' in page and ">Retry now</button>" in page
+    assert "csrfmiddlewaretoken" in page
+    assert reverse("admin:django_venturi_job_cancel", args=[job.pk]) not in page  # finished
+    confirmation = press(admin_client, "retry", job, confirm=False)
+    assert "Retry these jobs now?" in confirmation.content.decode()
+    job.refresh_from_db()
+    assert job.state == "failed"
+    response = press(admin_client, "retry", job, confirm=True)
+    assert response.redirect_chain[-1][0] == reverse(
+        "admin:django_venturi_job_change", args=[job.pk]
+    )
+    assert "1 job will run now." in response.content.decode()
+    job.refresh_from_db()
+    assert job.state == "ready" and job.failures == 0
+
+
+def test_a_ready_job_page_cancels_and_a_scheduled_one_runs_now(admin_client: Client) -> None:
+    due = tasks.Noop(n=1).enqueue()
+    later = tasks.Noop(n=2).enqueue(delay=timedelta(hours=1))
+    assert ">Run now</button>" not in job_page(admin_client, due)  # already due
+    assert ">Run now</button>" in job_page(admin_client, later)
+    assert ">Cancel</button>" in job_page(admin_client, due)
+    response = press(admin_client, "cancel", due, confirm=True)
+    assert "1 job cancelled; 0 jobs running asked to stop." in response.content.decode()
+    due.refresh_from_db()
+    assert due.state == "cancelled"
+    assert ">Cancel</button>" not in response.content.decode()  # the page after: cancelled
+    press(admin_client, "retry", later, confirm=True)
+    later.refresh_from_db()
+    assert later.run_at <= timezone.now()
+
+
+def test_a_running_job_page_asks_it_to_stop_once(admin_client: Client) -> None:
+    running = tasks.Noop(n=1).enqueue()
+    Job.objects.filter(pk=running.pk).update(
+        state="running",
+        claim_token="00000000-0000-0000-0000-000000000001",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+        started_at=timezone.now(),
+    )
+    assert ">Cancel (ask it to stop)</button>" in job_page(admin_client, running)
+    press(admin_client, "cancel", running, confirm=True)
+    running.refresh_from_db()
+    assert running.state == "running" and running.cancel_requested_at is not None
+    assert "ask it to stop" not in job_page(admin_client, running)
+
+
+def test_the_buttons_need_their_permission_and_a_post() -> None:
+    failed = finished("failed")
+    ready = tasks.Noop(n=1).enqueue()
+    viewer = staff()
+    assert "venturi-button" not in job_page(viewer, failed) + job_page(viewer, ready)
+    assert press(viewer, "retry", failed, confirm=True).status_code == 403
+    assert press(viewer, "cancel", ready, confirm=True).status_code == 403
+    failed.refresh_from_db()
+    ready.refresh_from_db()
+    assert (failed.state, ready.state) == ("failed", "ready")
+    retrier = staff("retry_job")
+    assert ">Retry now</button>" in job_page(retrier, failed)
+    assert ">Cancel</button>" not in job_page(retrier, ready)
+    url = reverse("admin:django_venturi_job_retry", args=[failed.pk])
+    assert retrier.get(url).status_code == 405
+    assert press(retrier, "cancel", ready, confirm=True).status_code == 403
+    missing = reverse("admin:django_venturi_job_retry", args=[10**9])
+    assert retrier.post(missing, {"post": "yes"}).status_code == 404
+    csrf_checked = Client(enforce_csrf_checks=True)
+    csrf_checked.force_login(User.objects.get(pk=retrier.session["_auth_user_id"]))
+    assert csrf_checked.post(url, {"post": "yes"}).status_code == 403
+    failed.refresh_from_db()
+    assert failed.state == "failed"
 
 
 # ---------------------------------------------------------------- actions
