@@ -55,8 +55,8 @@ from django_venturi.registry import registry
 from django_venturi.retention import cleanup
 from django_venturi.retry import retry_now
 from django_venturi.snapshot import FAILING, Stats, stats
-from django_venturi.states import FINISHED_STATES, JournalOutcome, State
-from django_venturi.verdicts import GAVE_UP_SEPARATOR, OUTCOME_TYPE_PREFIX
+from django_venturi.states import FINISHED_STATES, LIVE_STATES, JournalOutcome, State
+from django_venturi.verdicts import GAVE_UP_SEPARATOR, OUTCOME_TYPE_PREFIX, ErrorInfo
 
 if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]
@@ -186,6 +186,12 @@ def compact_time(moment: datetime | None) -> str:
     return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else ""
 
 
+def date_over_time(moment: datetime | None) -> SafeString | str:
+    """`compact_time` on two lines, date over time: half as wide, for a list's column."""
+    date, _, time = compact_time(moment).partition(" ")
+    return format_html("{}<br>{}", date, time) if time else "-"
+
+
 def model_field(model: type[Job] | type[JournalEntry], name: str) -> Field[Any, Any]:
     """A concrete field of the model (not a relation's reverse side)."""
     field = model._meta.get_field(name)
@@ -248,6 +254,18 @@ def search_jobs(queryset: QuerySet[Job], search_term: str) -> QuerySet[Job]:
     return queryset
 
 
+def state_age(job: Job, now: datetime) -> str:
+    """A ready job's age since it became due, a running job's time in `running`,
+    how long ago a finished job finished."""
+    if job.state == State.READY:
+        if job.run_at > now:
+            return f"due in {short_age(job.run_at - now)}"
+        return f"waiting {short_age(now - job.run_at)}"
+    if job.state == State.RUNNING and job.started_at is not None:
+        return f"running {short_age(now - job.started_at)}"
+    return f"{short_age(now - job.finished_at)} ago" if job.finished_at else ""
+
+
 # ---------------------------------------------------------------- the job page
 
 
@@ -264,9 +282,7 @@ class JournalInline(JournalInlineBase):
 
     @admin.display(description="duration")
     def duration(self, entry: JournalEntry) -> str:
-        if entry.started_at is None or entry.finished_at is None:
-            return "-"
-        return f"{(entry.finished_at - entry.started_at).total_seconds():.3f} s"
+        return run_duration(entry)
 
     @admin.display(description="error")
     def error(self, entry: JournalEntry) -> SafeString | str:
@@ -286,6 +302,13 @@ class JournalInline(JournalInlineBase):
 
     def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False
+
+
+def run_duration(entry: JournalEntry) -> str:
+    """`0.125 s`: the handler's run, from its start to the verdict."""
+    if entry.started_at is None or entry.finished_at is None:
+        return "-"
+    return f"{(entry.finished_at - entry.started_at).total_seconds():.3f} s"
 
 
 OUTCOME_LEADS_TO = {
@@ -431,19 +454,21 @@ class JobAdmin(JobAdminBase):
     lease_expires_at_text = to_the_second(Job, "lease_expires_at")
     cancel_requested_at_text = to_the_second(Job, "cancel_requested_at")
     periodic_tick_text = to_the_second(Job, "periodic_tick")
+    # Fits a 1366 px screen beside the admin's navigation and the filters: the kind and
+    # the error share what the other columns leave, cut with an ellipsis (the whole text
+    # in their title); a live job's progress sits under its time in state; the priority
+    # is a filter and on the job page.
     list_display = (
         "id",
-        "kind",
+        "kind_cell",
         "queue",
-        "priority",
         "state_label",
         "attempt",
         "time_in_state",
-        "progress_text",
         "enqueued",
         "error_summary",
     )
-    list_display_links = ("id", "kind")
+    list_display_links = ("id", "kind_cell")
     list_filter = ("state", KindFilter, QueueFilter, "priority", HasErrorFilter)
     search_fields = ("kind", "dedup_key", "payload")
     search_help_text = "A job id (123 or #123), or part of the kind, the dedup key or the payload."
@@ -518,26 +543,25 @@ class JobAdmin(JobAdminBase):
 
     # ------------------------------------------------------------ columns
 
+    @admin.display(description="kind", ordering="kind")
+    def kind_cell(self, job: Job) -> SafeString:
+        return cut(job.kind)
+
     @admin.display(description="state", ordering="state")
     def state_label(self, job: Job) -> SafeString:
         return format_html('<span class="venturi-state venturi-{}">{}</span>', job.state, job.state)
 
     @admin.display(description="in this state", ordering="run_at")
-    def time_in_state(self, job: Job) -> str:
-        """A ready job's age since it became due, a running job's time in `running`,
-        how long ago a finished job finished."""
-        now = timezone.now()
-        if job.state == State.READY:
-            if job.run_at > now:
-                return f"due in {short_age(job.run_at - now)}"
-            return f"waiting {short_age(now - job.run_at)}"
-        if job.state == State.RUNNING and job.started_at is not None:
-            return f"running {short_age(now - job.started_at)}"
-        return f"{short_age(now - job.finished_at)} ago" if job.finished_at else ""
+    def time_in_state(self, job: Job) -> SafeString | str:
+        """`state_age`, and under it the progress of a live job (`ctx.progress()`)."""
+        age = state_age(job, timezone.now())
+        if job.progress is None or job.state not in LIVE_STATES:
+            return age
+        return format_html("{}<br>{}", age, cut(progress_text(job.progress)))
 
     @admin.display(description="enqueued", ordering="enqueued_at")
-    def enqueued(self, job: Job) -> str:
-        return compact_time(job.enqueued_at)
+    def enqueued(self, job: Job) -> SafeString | str:
+        return date_over_time(job.enqueued_at)
 
     @admin.display(description="last error")
     def error_summary(self, job: Job) -> SafeString | str:
@@ -552,8 +576,7 @@ class JobAdmin(JobAdminBase):
             first_line = message
         elif colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
             first_line = f"{error_type.rpartition('.')[2]}: {message}"
-        short = first_line if len(first_line) <= 40 else first_line[:39] + "…"
-        return format_html('<span title="{}">{}</span>', job.last_error, short)
+        return cut(first_line, title=job.last_error)
 
     # ------------------------------------------------------------ the job page
 
@@ -853,6 +876,11 @@ class JobAdmin(JobAdminBase):
         return TemplateResponse(request, "admin/django_venturi/job/cleanup.html", context)
 
 
+def cut(text: str, *, title: str | None = None) -> SafeString:
+    """A list cell's text, cut with an ellipsis by the style sheet; the whole of it on hover."""
+    return format_html('<span class="venturi-cut" title="{}">{}</span>', title or text, text)
+
+
 def jobs(count: int) -> str:
     return f"{count} job" if count == 1 else f"{count} jobs"
 
@@ -964,14 +992,17 @@ def chart(snapshot: Stats) -> dict[str, Any]:
 
 @admin.register(JournalEntry)
 class JournalEntryAdmin(JournalEntryAdminBase):
+    # Fits a 1366 px screen like the job list: the job and the error share what the
+    # other columns leave, cut with an ellipsis (whole in their title); the worker is
+    # on the entry's page.
     list_display = (
         "id",
-        "job",
+        "job_cell",
         "attempt",
         "outcome",
-        "worker",
-        "started_at_text",
-        "finished_at_text",
+        "started",
+        "duration",
+        "error_cell",
     )
     list_filter = ("outcome",)
     list_select_related = ("job",)
@@ -997,6 +1028,26 @@ class JournalEntryAdmin(JournalEntryAdminBase):
     show_full_result_count = False
     started_at_text = to_the_second(JournalEntry, "started_at")
     finished_at_text = to_the_second(JournalEntry, "finished_at")
+
+    @admin.display(description="job", ordering="job_id")
+    def job_cell(self, entry: JournalEntry) -> SafeString:
+        return cut(f"#{entry.job_id} {entry.job.kind}")
+
+    @admin.display(description="started at", ordering="started_at")
+    def started(self, entry: JournalEntry) -> SafeString | str:
+        return date_over_time(entry.started_at)
+
+    @admin.display(description="duration")
+    def duration(self, entry: JournalEntry) -> str:
+        return run_duration(entry)
+
+    @admin.display(description="error")
+    def error_cell(self, entry: JournalEntry) -> SafeString | str:
+        return (
+            cut(ErrorInfo(entry.error_type, entry.error_message).summary())
+            if entry.error_type
+            else "-"
+        )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
         return super().get_queryset(request).using(venturi_settings.DATABASE)

@@ -355,12 +355,14 @@ def test_job_and_journal_pages_show_times_to_the_second(admin_client: Client) ->
     shown = timezone.localtime(started).strftime("%Y-%m-%d %H:%M:%S")  # not "9 a.m."
     for url in (
         reverse("admin:django_venturi_job_change", args=[job.pk]),
-        reverse("admin:django_venturi_journalentry_changelist"),
         reverse("admin:django_venturi_journalentry_change", args=[entry.pk]),
     ):
         page = admin_client.get(url).content.decode()
         assert page.count(shown) >= 1, url
         assert " a.m." not in page, url
+    journal = admin_client.get(JOURNAL).content.decode()
+    assert shown.replace(" ", "<br>") in journal  # a list: the date over the time, half as wide
+    assert " a.m." not in journal
     page = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
     assert "Start of the latest run." in page.content.decode()  # the field's help is kept
 
