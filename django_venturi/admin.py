@@ -680,7 +680,21 @@ class JobAdmin(JobAdminBase):
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         if request.POST.get("post") != "yes":
             return self._confirm(request, queryset, RETRY)
-        self.retry_jobs(request, queryset)
+        result = retry_now(queryset.values_list("id", flat=True), using=queryset.db)
+        self.message_user(request, f"{jobs(len(result.retried))} will run now.", messages.SUCCESS)
+        if result.clashes:
+            self.message_user(
+                request,
+                "Left failed, because another ready job has the same kind and dedup key: "
+                + ", ".join(f"#{job_id}" for job_id in result.clashes),
+                messages.WARNING,
+            )
+        if result.skipped:
+            skipped = len(result.skipped)
+            left = "left as it is" if skipped == 1 else "left as they are"
+            self.message_user(
+                request, f"{jobs(skipped)} neither ready nor failed: {left}.", messages.INFO
+            )
         return None
 
     @admin.action(description="Cancel (running jobs are asked to stop)", permissions=["cancel"])
@@ -694,24 +708,6 @@ class JobAdmin(JobAdminBase):
             messages.SUCCESS,
         )
         return None
-
-    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        """Retry now, and say what happened to each job."""
-        result = retry_now(queryset.values_list("id", flat=True), using=queryset.db)
-        self.message_user(request, f"{jobs(len(result.retried))} will run now.", messages.SUCCESS)
-        if result.clashes:
-            self.message_user(
-                request,
-                "Left failed, because another ready job has the same kind and dedup key: "
-                + ", ".join(f"#{job_id}" for job_id in result.clashes),
-                messages.WARNING,
-            )
-        if result.skipped:
-            self.message_user(
-                request,
-                f"{jobs(len(result.skipped))} neither ready nor failed: left as they are.",
-                messages.INFO,
-            )
 
     def _confirm(
         self, request: HttpRequest, queryset: QuerySet[Job], action: Confirmation
@@ -802,14 +798,9 @@ class JobAdmin(JobAdminBase):
         allowed = self.has_retry_permission if action is RETRY else self.has_cancel_permission
         if not self.has_view_permission(request, job) or not allowed(request):
             raise PermissionDenied
-        queryset = self.get_queryset(request).filter(pk=job.pk)
-        if request.POST.get("post") != "yes":
-            return self._confirm(request, queryset, action)
-        if action is RETRY:
-            self.retry_jobs(request, queryset)
-        else:
-            self.cancel_jobs(request, queryset)
-        return HttpResponseRedirect(
+        list_action = self.retry_now if action is RETRY else self.cancel_jobs
+        confirmation = list_action(request, self.get_queryset(request).filter(pk=job.pk))
+        return confirmation or HttpResponseRedirect(
             reverse("admin:django_venturi_job_change", args=[quote(job.pk)])
         )
 

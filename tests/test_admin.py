@@ -513,7 +513,7 @@ def test_retry_asks_for_confirmation_then_makes_jobs_due(admin_client: Client) -
     assert failed.state == "failed"  # nothing happens before the confirmation
     response = act(admin_client, "retry_now", [failed, later, done], confirm=True)
     assert "2 jobs will run now." in response.content.decode()
-    assert "1 job neither ready nor failed" in response.content.decode()
+    assert "1 job neither ready nor failed: left as it is." in response.content.decode()
     failed.refresh_from_db()
     later.refresh_from_db()
     done.refresh_from_db()
