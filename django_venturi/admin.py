@@ -599,7 +599,8 @@ class JobAdmin(JobAdminBase):
         if has_current_error(job):
             return format_html("<pre>{}</pre>", job.last_error)
         return format_html(
-            '<p class="help">From an earlier run; the job is {} now.</p><pre>{}</pre>',
+            '<div class="venturi-earlier">From an earlier run; the job is {} now.</div>'
+            "<pre>{}</pre>",
             job.state,
             job.last_error,
         )
