@@ -16,6 +16,7 @@ Fields are never editable here: jobs change only through these actions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -25,19 +26,28 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Field, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import Field, Q, QuerySet
+from django.db.models.constants import LOOKUP_SEP
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 
-from django_venturi import registration, tallies, text
+from django_venturi import codec, registration, tallies, text
 from django_venturi.cancel import cancel
 from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job, JournalEntry
@@ -45,8 +55,8 @@ from django_venturi.registry import registry
 from django_venturi.retention import cleanup, delete_jobs
 from django_venturi.retry import retry_now
 from django_venturi.snapshot import Stats, stats
-from django_venturi.states import FINISHED_STATES, JournalOutcome, State
-from django_venturi.verdicts import GAVE_UP_SEPARATOR
+from django_venturi.states import FINISHED_STATES, LIVE_STATES, JournalOutcome, State
+from django_venturi.verdicts import GAVE_UP_SEPARATOR, OUTCOME_TYPE_PREFIX, ErrorInfo
 
 if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]
@@ -139,7 +149,24 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue=self.value()) if self.value() else queryset
 
 
+CURRENT_ERROR = (Q(state=State.FAILED) | Q(state=State.READY, failures__gt=0)) & ~Q(last_error="")
+"""Jobs whose last error still describes them: failed, or ready again after a failed run.
+
+A job that completed, was cancelled or is running keeps `last_error` from an earlier
+run; the list does not show it as if it were the job's trouble now.
+"""
+
+
+def has_current_error(job: Job) -> bool:
+    """`CURRENT_ERROR` for one row."""
+    if not job.last_error:
+        return False
+    return job.state == State.FAILED or (job.state == State.READY and job.failures > 0)
+
+
 class HasErrorFilter(admin.SimpleListFilter):
+    """Jobs with a current error (`CURRENT_ERROR`): the ones the last error column shows."""
+
     title = "last error"
     parameter_name = "has_error"
 
@@ -148,15 +175,21 @@ class HasErrorFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
-            return queryset.exclude(last_error="")
+            return queryset.filter(CURRENT_ERROR)
         if self.value() == "no":
-            return queryset.filter(last_error="")
+            return queryset.exclude(CURRENT_ERROR)
         return queryset
 
 
 def compact_time(moment: datetime | None) -> str:
     """`2026-05-04 13:07:59` in the current time zone: sortable by eye, one line wide."""
     return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else ""
+
+
+def date_over_time(moment: datetime | None) -> SafeString | str:
+    """`compact_time` on two lines, date over time: half as wide, for a list's column."""
+    date, _, time = compact_time(moment).partition(" ")
+    return format_html("{}<br>{}", date, time) if time else "-"
 
 
 def model_field(model: type[Job] | type[JournalEntry], name: str) -> Field[Any, Any]:
@@ -202,6 +235,37 @@ def short_age(delta: timedelta) -> str:
     return f"{days}d {hours}h"
 
 
+def search_jobs(queryset: QuerySet[Job], search_term: str) -> QuerySet[Job]:
+    """Jobs whose kind, dedup key or payload holds every word of the search.
+
+    The payload is searched only for kinds without `venturi.secret()` fields: the
+    job page masks those, and a search would reveal them a prefix at a time.
+    """
+    secret_kinds = [spec.kind for spec in registry.specs() if codec.holds_secrets(spec.cls)]
+    payload_searchable = ~Q(kind__in=secret_kinds) if secret_kinds else Q()
+    for word in smart_split(search_term):
+        if word[:1] in "\"'" and word[-1:] == word[:1]:
+            word = unescape_string_literal(word)
+        queryset = queryset.filter(
+            Q(kind__icontains=word)
+            | Q(dedup_key__icontains=word)
+            | (Q(payload__icontains=word) & payload_searchable)
+        )
+    return queryset
+
+
+def state_age(job: Job, now: datetime) -> str:
+    """A ready job's age since it became due, a running job's time in `running`,
+    how long ago a finished job finished."""
+    if job.state == State.READY:
+        if job.run_at > now:
+            return f"due in {short_age(job.run_at - now)}"
+        return f"waiting {short_age(now - job.run_at)}"
+    if job.state == State.RUNNING and job.started_at is not None:
+        return f"running {short_age(now - job.started_at)}"
+    return f"{short_age(now - job.finished_at)} ago" if job.finished_at else ""
+
+
 # ---------------------------------------------------------------- the job page
 
 
@@ -218,9 +282,7 @@ class JournalInline(JournalInlineBase):
 
     @admin.display(description="duration")
     def duration(self, entry: JournalEntry) -> str:
-        if entry.started_at is None or entry.finished_at is None:
-            return "-"
-        return f"{(entry.finished_at - entry.started_at).total_seconds():.3f} s"
+        return run_duration(entry)
 
     @admin.display(description="error")
     def error(self, entry: JournalEntry) -> SafeString | str:
@@ -240,6 +302,13 @@ class JournalInline(JournalInlineBase):
 
     def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False
+
+
+def run_duration(entry: JournalEntry) -> str:
+    """`0.125 s`: the handler's run, from its start to the verdict."""
+    if entry.started_at is None or entry.finished_at is None:
+        return "-"
+    return f"{(entry.finished_at - entry.started_at).total_seconds():.3f} s"
 
 
 OUTCOME_LEADS_TO = {
@@ -275,6 +344,59 @@ def state_history(job: Job, entries: Sequence[JournalEntry]) -> list[tuple[datet
     elif job.state == State.READY and events[-1][1].endswith(": failed"):
         events.append((None, "retried from the admin: ready"))
     return events
+
+
+# ---------------------------------------------------------------- retry and cancel
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirmation:
+    """An action that asks first: the list action's name, its job-page button's URL, its page."""
+
+    name: str
+    button: str
+    title: str
+    explanation: str
+
+
+RETRY = Confirmation(
+    name="retry_now",
+    button="retry",
+    title="Retry these jobs now?",
+    explanation=(
+        "Ready and failed jobs become ready with run_at = now. A failed job starts a fresh "
+        "set of attempts (its failure count goes back to 0; give_up_after still counts "
+        "from the first enqueue). Other jobs are left as they are."
+    ),
+)
+CANCEL = Confirmation(
+    name="cancel_jobs",
+    button="cancel",
+    title="Cancel these jobs?",
+    explanation=(
+        "Ready jobs become cancelled at once. Running jobs are asked to stop: their handler "
+        "sees ctx.should_stop, and the job ends cancelled when it returns. Finished jobs are "
+        "left as they are."
+    ),
+)
+
+
+def retry_button_label(job: Job) -> str:
+    """'Retry now' for a failed job, 'Run now' for one scheduled later; '' when neither."""
+    if job.state == State.FAILED:
+        return "Retry now"
+    if job.state == State.READY and job.run_at > timezone.now():
+        return "Run now"
+    return ""
+
+
+def cancel_button_label(job: Job) -> str:
+    """'Cancel' for a ready job, 'Cancel (ask it to stop)' for a running one not yet asked."""
+    if job.state == State.READY:
+        return "Cancel"
+    if job.state == State.RUNNING and job.cancel_requested_at is None:
+        return "Cancel (ask it to stop)"
+    return ""
 
 
 # ---------------------------------------------------------------- forms
@@ -332,19 +454,21 @@ class JobAdmin(JobAdminBase):
     lease_expires_at_text = to_the_second(Job, "lease_expires_at")
     cancel_requested_at_text = to_the_second(Job, "cancel_requested_at")
     periodic_tick_text = to_the_second(Job, "periodic_tick")
+    # Fits a 1366 px screen beside the admin's navigation and the filters: the kind and
+    # the error share what the other columns leave, cut with an ellipsis (the whole text
+    # in their title); a live job's progress sits under its time in state; the priority
+    # is a filter and on the job page.
     list_display = (
         "id",
-        "kind",
+        "kind_cell",
         "queue",
-        "priority",
         "state_label",
         "attempt",
         "time_in_state",
-        "progress_text",
         "enqueued",
         "error_summary",
     )
-    list_display_links = ("id", "kind")
+    list_display_links = ("id", "kind_cell")
     list_filter = ("state", KindFilter, QueueFilter, "priority", HasErrorFilter)
     search_fields = ("kind", "dedup_key", "payload")
     search_help_text = "A job id (123 or #123), or part of the kind, the dedup key or the payload."
@@ -419,39 +543,40 @@ class JobAdmin(JobAdminBase):
 
     # ------------------------------------------------------------ columns
 
+    @admin.display(description="kind", ordering="kind")
+    def kind_cell(self, job: Job) -> SafeString:
+        return cut(job.kind)
+
     @admin.display(description="state", ordering="state")
     def state_label(self, job: Job) -> SafeString:
         return format_html('<span class="venturi-state venturi-{}">{}</span>', job.state, job.state)
 
     @admin.display(description="in this state", ordering="run_at")
-    def time_in_state(self, job: Job) -> str:
-        """A ready job's age since it became due, a running job's time in `running`,
-        how long ago a finished job finished."""
-        now = timezone.now()
-        if job.state == State.READY:
-            if job.run_at > now:
-                return f"due in {short_age(job.run_at - now)}"
-            return f"waiting {short_age(now - job.run_at)}"
-        if job.state == State.RUNNING and job.started_at is not None:
-            return f"running {short_age(now - job.started_at)}"
-        return f"{short_age(now - job.finished_at)} ago" if job.finished_at else ""
+    def time_in_state(self, job: Job) -> SafeString | str:
+        """`state_age`, and under it the progress of a live job (`ctx.progress()`)."""
+        age = state_age(job, timezone.now())
+        if job.progress is None or job.state not in LIVE_STATES:
+            return age
+        return format_html("{}<br>{}", age, cut(progress_text(job.progress)))
 
     @admin.display(description="enqueued", ordering="enqueued_at")
-    def enqueued(self, job: Job) -> str:
-        return compact_time(job.enqueued_at)
+    def enqueued(self, job: Job) -> SafeString | str:
+        return date_over_time(job.enqueued_at)
 
     @admin.display(description="last error")
     def error_summary(self, job: Job) -> SafeString | str:
-        if not job.last_error:
+        """The first line of a current error (`has_current_error`); nothing for an old one."""
+        if not has_current_error(job):
             return ""
         first_line = job.last_error.strip().splitlines()[0] if job.last_error.strip() else ""
         error_type, colon, message = first_line.partition(": ")
         # A give-up says so first; the state column says it too, so show the error itself.
         message = message.partition(GAVE_UP_SEPARATOR)[2] or message
-        if colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
+        if error_type.startswith(OUTCOME_TYPE_PREFIX):  # `Outcome.failed: reason` -> `reason`
+            first_line = message
+        elif colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
             first_line = f"{error_type.rpartition('.')[2]}: {message}"
-        short = first_line if len(first_line) <= 40 else first_line[:39] + "…"
-        return format_html('<span title="{}">{}</span>', job.last_error, short)
+        return cut(first_line, title=job.last_error)
 
     # ------------------------------------------------------------ the job page
 
@@ -469,7 +594,16 @@ class JobAdmin(JobAdminBase):
 
     @admin.display(description="last error")
     def last_error_text(self, job: Job) -> SafeString | str:
-        return format_html("<pre>{}</pre>", job.last_error) if job.last_error else "-"
+        if not job.last_error:
+            return "-"
+        if has_current_error(job):
+            return format_html("<pre>{}</pre>", job.last_error)
+        return format_html(
+            '<div class="venturi-earlier">From an earlier run; the job is {} now.</div>'
+            "<pre>{}</pre>",
+            job.state,
+            job.last_error,
+        )
 
     @admin.display(description="state history")
     def state_history_table(self, job: Job) -> SafeString:
@@ -495,12 +629,22 @@ class JobAdmin(JobAdminBase):
         """A number is a job id (one index lookup); text is looked for in kind, key and payload.
 
         Text search reads every row (`icontains`), so it takes seconds on millions of jobs;
-        an id never does.
+        an id never does. The autocomplete of a job field searches here too.
         """
         term = search_term.strip().removeprefix("#")
         if term.isdigit():
             return queryset.filter(pk=int(term)), False
-        return super().get_search_results(request, queryset, search_term)
+        return search_jobs(queryset, search_term), False
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        """No filter on the payload from the URL (`?payload__password__startswith=a`).
+
+        Django allows any lookup on the model's own fields; one on the payload would
+        test a secret field's value without showing it, one guess at a time.
+        """
+        if lookup.split(LOOKUP_SEP)[0] == "payload":
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     # ------------------------------------------------------------ permissions
 
@@ -544,17 +688,7 @@ class JobAdmin(JobAdminBase):
     @admin.action(description="Retry now (ready or failed jobs run at once)", permissions=["retry"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         if request.POST.get("post") != "yes":
-            return self._confirm(
-                request,
-                queryset,
-                action="retry_now",
-                title="Retry these jobs now?",
-                explanation=(
-                    "Ready and failed jobs become ready with run_at = now. A failed job "
-                    "keeps its attempt count: it gets one more run. Other jobs are left "
-                    "as they are."
-                ),
-            )
+            return self._confirm(request, queryset, RETRY)
         result = retry_now(queryset.values_list("id", flat=True), using=queryset.db)
         self.message_user(request, f"{jobs(len(result.retried))} will run now.", messages.SUCCESS)
         if result.clashes:
@@ -565,27 +699,17 @@ class JobAdmin(JobAdminBase):
                 messages.WARNING,
             )
         if result.skipped:
+            skipped = len(result.skipped)
+            left = "left as it is" if skipped == 1 else "left as they are"
             self.message_user(
-                request,
-                f"{jobs(len(result.skipped))} neither ready nor failed: left as they are.",
-                messages.INFO,
+                request, f"{jobs(skipped)} neither ready nor failed: {left}.", messages.INFO
             )
         return None
 
     @admin.action(description="Cancel (running jobs are asked to stop)", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         if request.POST.get("post") != "yes":
-            return self._confirm(
-                request,
-                queryset,
-                action="cancel_jobs",
-                title="Cancel these jobs?",
-                explanation=(
-                    "Ready jobs become cancelled at once. Running jobs are asked to stop: "
-                    "their handler sees ctx.should_stop, and the job ends cancelled when it "
-                    "returns. Finished jobs are left as they are."
-                ),
-            )
+            return self._confirm(request, queryset, CANCEL)
         result = cancel(list(queryset.values_list("id", flat=True)), using=queryset.db)
         self.message_user(
             request,
@@ -595,23 +719,17 @@ class JobAdmin(JobAdminBase):
         return None
 
     def _confirm(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Job],
-        *,
-        action: str,
-        title: str,
-        explanation: str,
+        self, request: HttpRequest, queryset: QuerySet[Job], action: Confirmation
     ) -> TemplateResponse:
         """The intermediate page: the selection again, with a button that posts it back."""
         listed = list(queryset.order_by("-id")[:CONFIRM_LISTED])
         total = queryset.count() if len(listed) == CONFIRM_LISTED else len(listed)
         context = {
             **self.admin_site.each_context(request),
-            "title": title,
-            "explanation": explanation,
+            "title": action.title,
+            "explanation": action.explanation,
             "opts": self.model._meta,
-            "action": action,
+            "action": action.name,
             "jobs": listed,
             "total": total,
             "selected_ids": request.POST.getlist(ACTION_CHECKBOX_NAME),
@@ -631,11 +749,69 @@ class JobAdmin(JobAdminBase):
                 name=f"django_venturi_job_{name}",
             )
 
+        def button(action: Confirmation) -> URLPattern:
+            def answer(request: HttpRequest, object_id: str) -> HttpResponse:
+                return self.button_view(request, object_id, action)
+
+            return path(
+                f"<path:object_id>/{action.button}/",
+                self.admin_site.admin_view(answer),
+                name=f"django_venturi_job_{action.button}",
+            )
+
         return [
             view(self.stats_view, "stats"),
             view(self.cleanup_view, "cleanup"),
+            button(RETRY),
+            button(CANCEL),
             *super().get_urls(),
         ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        job = self.get_object(request, unquote(object_id))
+        extra = {
+            "job_buttons": self.job_buttons(request, job) if job else [],
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, extra)
+
+    def job_buttons(self, request: HttpRequest, job: Job) -> list[dict[str, str]]:
+        """The job page's Retry and Cancel buttons that apply to its state and the user."""
+        buttons = []
+        retry_label = retry_button_label(job)
+        if retry_label and self.has_retry_permission(request):
+            buttons.append({"label": retry_label, "url": self.button_url(RETRY, job)})
+        cancel_label = cancel_button_label(job)
+        if cancel_label and self.has_cancel_permission(request):
+            buttons.append({"label": cancel_label, "url": self.button_url(CANCEL, job)})
+        return buttons
+
+    def button_url(self, action: Confirmation, job: Job) -> str:
+        return reverse(f"admin:django_venturi_job_{action.button}", args=[quote(job.pk)])
+
+    def button_view(
+        self, request: HttpRequest, object_id: str, action: Confirmation
+    ) -> HttpResponse:
+        """A job page's button: the list action's confirmation, then the action on this job."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            raise Http404(f"no job with id {object_id!r}")
+        allowed = self.has_retry_permission if action is RETRY else self.has_cancel_permission
+        if not self.has_view_permission(request, job) or not allowed(request):
+            raise PermissionDenied
+        list_action = self.retry_now if action is RETRY else self.cancel_jobs
+        confirmation = list_action(request, self.get_queryset(request).filter(pk=job.pk))
+        return confirmation or HttpResponseRedirect(
+            reverse("admin:django_venturi_job_change", args=[quote(job.pk)])
+        )
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -685,8 +861,7 @@ class JobAdmin(JobAdminBase):
                 result = cleanup(**options)
                 self.message_user(
                     request,
-                    f"Deleted {result.jobs} jobs and {result.journal_entries} journal entries "
-                    f"{result.in_batches()}.",
+                    f"Deleted {result.counts()} {result.in_batches()}.",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(reverse("admin:django_venturi_job_changelist"))
@@ -700,6 +875,11 @@ class JobAdmin(JobAdminBase):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/django_venturi/job/cleanup.html", context)
+
+
+def cut(text: str, *, title: str | None = None) -> SafeString:
+    """A list cell's text, cut with an ellipsis by the style sheet; the whole of it on hover."""
+    return format_html('<span class="venturi-cut" title="{}">{}</span>', title or text, text)
 
 
 def jobs(count: int) -> str:
@@ -821,17 +1001,26 @@ def chart(snapshot: Stats) -> dict[str, Any]:
 
 @admin.register(JournalEntry)
 class JournalEntryAdmin(JournalEntryAdminBase):
+    # Fits a 1366 px screen like the job list: the job and the error share what the
+    # other columns leave, cut with an ellipsis (whole in their title); the worker is
+    # on the entry's page.
     list_display = (
         "id",
-        "job",
+        "job_cell",
         "attempt",
         "outcome",
-        "worker",
-        "started_at_text",
-        "finished_at_text",
+        "started",
+        "duration",
+        "error_cell",
     )
     list_filter = ("outcome",)
     list_select_related = ("job",)
+    search_fields = ("job__kind", "error_type", "error_message")
+    search_help_text = (
+        "A job id (123 or #123) for that job's runs, or part of the kind, the error type "
+        "or the error message."
+    )
+    ordering = ("-id",)
     readonly_fields = (
         "job",
         "attempt",
@@ -849,12 +1038,42 @@ class JournalEntryAdmin(JournalEntryAdminBase):
     started_at_text = to_the_second(JournalEntry, "started_at")
     finished_at_text = to_the_second(JournalEntry, "finished_at")
 
+    @admin.display(description="job", ordering="job_id")
+    def job_cell(self, entry: JournalEntry) -> SafeString:
+        return cut(f"#{entry.job_id} {entry.job.kind}")
+
+    @admin.display(description="started at", ordering="started_at")
+    def started(self, entry: JournalEntry) -> SafeString | str:
+        return date_over_time(entry.started_at)
+
+    @admin.display(description="duration")
+    def duration(self, entry: JournalEntry) -> str:
+        return run_duration(entry)
+
+    @admin.display(description="error")
+    def error_cell(self, entry: JournalEntry) -> SafeString | str:
+        return (
+            cut(ErrorInfo(entry.error_type, entry.error_message).summary())
+            if entry.error_type
+            else "-"
+        )
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
         return super().get_queryset(request).using(venturi_settings.DATABASE)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         refuse_unstorable_parameters(request)
         return super().get_changelist_instance(request)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JournalEntry], search_term: str
+    ) -> tuple[QuerySet[JournalEntry], bool]:
+        """A number is a job id: that job's runs. Text searches what the list and page show
+        (never a payload, so never a secret field)."""
+        term = search_term.strip().removeprefix("#")
+        if term.isdigit():
+            return queryset.filter(job_id=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

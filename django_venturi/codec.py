@@ -16,7 +16,7 @@ import functools
 import types
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from django_venturi import text
@@ -141,6 +141,31 @@ def masked(cls: type, data: Any) -> Any:
             result[name] = _masked_nested(nested, value) if nested else value
     result.update({key: value for key, value in data.items() if key not in result})
     return result
+
+
+def holds_secrets(cls: type) -> bool:
+    """Whether a `cls` payload has a secret field at any depth (so `masked` hides something)."""
+    return _holds_secrets(cls, frozenset())
+
+
+def _holds_secrets(cls: type, seen: frozenset[type]) -> bool:
+    if _secret_fields(cls):
+        return True
+    seen = seen | {cls}
+    return any(
+        _holds_secrets(inner, seen)
+        for _, hint, _ in _field_hints(cls)
+        for inner in _dataclasses_in(hint)
+        if inner not in seen
+    )
+
+
+def _dataclasses_in(hint: Any) -> Iterator[type]:
+    """Every dataclass a type hint names, however deep (`list[dict[str, Item | None]]`)."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        yield hint
+    for arg in typing.get_args(hint):
+        yield from _dataclasses_in(arg)
 
 
 def _dataclass_in(hint: Any) -> type | None:

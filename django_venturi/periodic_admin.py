@@ -16,9 +16,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
@@ -97,8 +98,6 @@ class PeriodicTaskAdmin(PeriodicTaskAdminBase):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> TemplateResponse:
         if not self.has_view_or_change_permission(request):
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
@@ -108,6 +107,21 @@ class PeriodicTaskAdmin(PeriodicTaskAdminBase):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_venturi/periodic_tasks.html", context)
+
+    def get_urls(self) -> list[URLPattern]:
+        """The list of schedules only.
+
+        The proxy model's rows are jobs: Django's change, history and delete views
+        would show any job (its payload unmasked) to whoever may view periodic tasks.
+        A schedule's last job links to the job admin, which checks and masks.
+        """
+        return [
+            path(
+                "",
+                self.admin_site.admin_view(self.changelist_view),
+                name="django_venturi_periodictask_changelist",
+            )
+        ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

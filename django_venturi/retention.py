@@ -49,6 +49,14 @@ class CleanupResult:
     workers: int = 0
     """Registry rows of workers stopped (or silent) for longer than `older_than`."""
 
+    def counts(self, separator: str = " and ") -> str:
+        """'1 job and 3 journal entries': what the cleanup deleted, in words."""
+        jobs = f"{self.jobs} job" + ("" if self.jobs == 1 else "s")
+        entries = f"{self.journal_entries} journal entr" + (
+            "y" if self.journal_entries == 1 else "ies"
+        )
+        return f"{jobs}{separator}{entries}"
+
     def in_batches(self) -> str:
         """'in 1 batch', 'in 3 batches': the end of a report sentence."""
         return f"in {self.batches} batch" + ("" if self.batches == 1 else "es")

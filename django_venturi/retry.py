@@ -1,10 +1,15 @@
 """Retry now: a failed or ready job becomes ready with `run_at` = now (the admin's action).
 
-A failed job keeps its `attempt` and `failures` counts, so it gets one more run
-and fails for good again if that run fails too. A failed job with a dedup key
-cannot become ready while another ready job holds its kind and key (the dedup
-rule: one ready job per kind and key); such a job is reported as a clash and
-left failed. On PostgreSQL the job's queue is notified so an idle worker wakes.
+A failed job starts a fresh set of attempts: its `failures` count goes back to 0,
+so `max_attempts` counts again from the retry (and a later give-up says "gave up
+after 3 failed attempts (max_attempts=3)", which is then true). Its `attempt`
+(runs started) and its journal keep the whole history. `give_up_after` still
+counts from the first enqueue, so a job that gave up by age gets one run.
+
+A failed job with a dedup key cannot become ready while another ready job
+holds its kind and key (the dedup rule: one ready job per kind and key); such a
+job is reported as a clash and left failed. On PostgreSQL the job's queue is
+notified so an idle worker wakes.
 
 Errors: the database's errors as they are (`django.db.DatabaseError`), and then
 nothing is retried. Only the unique-index violation of a dedup clash is caught
@@ -66,7 +71,11 @@ def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResul
             try:
                 with transaction.atomic(using=alias):  # a savepoint: a clash undoes this job only
                     jobs.filter(id=job_id, state=State.FAILED).update(
-                        state=State.READY, run_at=now, finished_at=None, cancel_requested_at=None
+                        state=State.READY,
+                        run_at=now,
+                        finished_at=None,
+                        cancel_requested_at=None,
+                        failures=0,
                     )
             except IntegrityError:
                 # The dedup index refused it if a ready job of its key is there now (the

@@ -73,11 +73,10 @@ def _delete(alias: str, policy: dict[str, timedelta]) -> dict[str, CleanupResult
         results[state] = result = cleanup(older_than=older_than, states=[state], using=alias)
         if result.jobs or result.workers:
             logger.info(
-                "retention: deleted %d %s jobs older than %s (%d journal entries)",
-                result.jobs,
+                "retention: deleted %s (%s, finished more than %s ago)",
+                result.counts(),
                 state,
                 older_than,
-                result.journal_entries,
                 extra={"state": state, "jobs": result.jobs, "batches": result.batches},
             )
     return results

@@ -93,7 +93,8 @@ def drain(
         for job in claimed:
             if len(ran) >= limit:
                 raise DrainLimitReached(
-                    f"drain() ran {limit} jobs and more are due; a job that requeues itself "
+                    f"drain() ran {limit} job{'' if limit == 1 else 's'} and more are due; "
+                    "a job that requeues itself "
                     "with no delay runs until it gives up (raise `limit` if that is expected)"
                 )
             ran.append(execute(alias, job))

@@ -25,6 +25,8 @@ ERROR_TYPE_LIMIT = 300
 """The length of `JournalEntry.error_type`."""
 GAVE_UP = "gave up"
 """How every reason of `gives_up` starts (the stats tell a give-up's journal entry by it)."""
+OUTCOME_TYPE_PREFIX = "Outcome."
+"""The error type of a failure the handler returned (`Outcome.retry`, `Outcome.failed`)."""
 GAVE_UP_SEPARATOR = "; last error: "
 """Between why a job gave up and its last run's error, in the job's `last_error`."""
 
@@ -61,6 +63,10 @@ class ErrorInfo:
         return cls(type=type, message=_as_text(reason)[:ERROR_MESSAGE_LIMIT])
 
     def summary(self) -> str:
+        """`ValueError: bad input`; the message alone for an `Outcome.*` reason, whose
+        outcome (`retry`, `failed`) is said beside it already."""
+        if self.type.startswith(OUTCOME_TYPE_PREFIX):
+            return self.message
         name = self.type.rpartition(".")[2]
         return f"{name}: {self.message}" if name else self.message
 
@@ -207,9 +213,11 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
             carry=carry,
         )
     if result.kind is OutcomeKind.RETRY:
-        asked = ErrorInfo.from_reason("the handler asked for a retry", type="Outcome.retry")
+        asked = ErrorInfo.from_reason(
+            "the handler returned Outcome.retry()", type=f"{OUTCOME_TYPE_PREFIX}retry"
+        )
         return retry(job, spec, asked, after=result.after)
-    return failed(job, ErrorInfo.from_reason(result.reason, type="Outcome.failed"))
+    return failed(job, ErrorInfo.from_reason(result.reason, type=f"{OUTCOME_TYPE_PREFIX}failed"))
 
 
 def from_exception(

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.django_db
 CHANGELIST = reverse("admin:django_venturi_job_changelist")
 STATS = reverse("admin:django_venturi_job_stats")
 CLEANUP = reverse("admin:django_venturi_job_cleanup")
+JOURNAL = reverse("admin:django_venturi_journalentry_changelist")
 
 
 @venturi.task(kind="tests.admin_login")
@@ -54,9 +55,14 @@ def finished(
 
 def staff(*permissions: str) -> Client:
     """A logged-in staff user holding the view permission and the given codenames."""
+    return staff_with("view_job", "view_journalentry", *permissions)
+
+
+def staff_with(*codenames: str) -> Client:
+    """A logged-in staff user holding exactly these permissions."""
     user = User.objects.create_user(f"staff{User.objects.count()}", password="x", is_staff=True)
-    codenames = ["view_job", "view_journalentry", *permissions]
     user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    assert user.user_permissions.count() == len(codenames)
     client = Client()
     client.force_login(user)
     return client
@@ -88,6 +94,121 @@ def test_staff_without_view_permission_cannot_see_jobs_or_stats() -> None:
     assert client.get(CHANGELIST).status_code == 403
     assert client.get(STATS).status_code == 403
     assert client.get(CLEANUP).status_code == 403
+
+
+# ---------------------------------------------------------------- secrets
+
+
+SECRET = "SUPERSECRET1-hunter2"
+
+
+def secret_job() -> Job:
+    """A failed login job whose password is a secret field (with a journal entry)."""
+    job = Login(user="ada", password=SECRET).enqueue()
+    Job.objects.filter(pk=job.pk).update(
+        state="failed", attempt=1, failures=1, finished_at=timezone.now(), last_error="E: no"
+    )
+    JournalEntry.objects.create(job=job, attempt=1, outcome="failed", error_type="E")
+    return job
+
+
+def periodic_url(view: str, *args: object) -> str:
+    return f"/admin/django_venturi/periodictask/{'/'.join(map(str, args))}/{view}/"
+
+
+def test_the_periodic_tasks_admin_shows_no_job_of_its_own() -> None:
+    """Its model is a proxy of Job: Django's views would show any job, unmasked."""
+    job = secret_job()
+    client = staff_with("view_periodictask")
+    assert client.get("/admin/django_venturi/periodictask/").status_code == 200
+    for view in ("change", "history", "delete"):
+        response = client.get(periodic_url(view, job.pk))
+        assert response.status_code == 404, view
+        assert SECRET not in response.content.decode()
+    assert client.get(reverse("admin:django_venturi_job_change", args=[job.pk])).status_code == 403
+    assert client.get(CHANGELIST).status_code == 403
+
+
+def test_a_superuser_meets_no_secret_on_any_page(admin_client: Client) -> None:
+    job = secret_job()
+    entry = JournalEntry.objects.get(job=job)
+    for url in (
+        CHANGELIST,
+        reverse("admin:django_venturi_job_change", args=[job.pk]),
+        reverse("admin:django_venturi_job_history", args=[job.pk]),
+        reverse("admin:django_venturi_job_delete", args=[job.pk]),
+        reverse("admin:django_venturi_journalentry_changelist"),
+        reverse("admin:django_venturi_journalentry_change", args=[entry.pk]),
+        STATS,
+        "/admin/django_venturi/periodictask/",
+    ):
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        assert SECRET not in response.content.decode(), url
+    for action in ("retry_now", "cancel_jobs", "delete_selected"):
+        confirmation = act(admin_client, action, [job], confirm=False)
+        assert f"#{job.pk}" in confirmation.content.decode() or "ada" in str(job)
+        assert SECRET not in confirmation.content.decode(), action
+
+
+@pytest.mark.parametrize("guess", ["SUPERSECRET1", "hunter2", SECRET])
+def test_search_never_looks_into_secret_fields(admin_client: Client, guess: str) -> None:
+    job = secret_job()
+    by_kind = admin_client.get(f"{CHANGELIST}?q=admin_login").context["cl"].result_list
+    assert [row.pk for row in by_kind] == [job.pk]
+    # A kind with secret fields keeps its whole payload out of the search.
+    assert list(admin_client.get(f"{CHANGELIST}?q=ada").context["cl"].result_list) == []
+    assert list(admin_client.get(f"{CHANGELIST}?q={guess}").context["cl"].result_list) == []
+
+    def autocomplete(term: str) -> list[str]:
+        response = admin_client.get(
+            "/admin/autocomplete/",
+            {"app_label": "django_venturi", "model_name": "journalentry", "field_name": "job"}
+            | {"term": term},
+        )
+        assert response.status_code == 200
+        return [result["id"] for result in response.json()["results"]]
+
+    assert autocomplete("admin_login") == [str(job.pk)]
+    assert autocomplete(guess) == []
+    assert autocomplete("ada") == []
+    assert list(admin_client.get(f"{JOURNAL}?q={guess}").context["cl"].result_list) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{CHANGELIST}?payload__password__startswith=SUPER",
+        f"{CHANGELIST}?payload__icontains=SUPER",
+        f"{CHANGELIST}?payload__password=x",
+        f"{CHANGELIST.replace('/job/', '/journalentry/')}?job__payload__password__startswith=SUPER",
+    ],
+)
+def test_no_filter_tests_a_secret_from_the_url(url: str) -> None:
+    secret_job()
+    response = staff().get(url)
+    assert response.status_code == 400  # Django's answer to a lookup it does not allow
+
+
+def test_narrow_permissions_see_no_secret_anywhere() -> None:
+    job = secret_job()
+    viewer = staff()  # view_job and view_journalentry only
+    page = viewer.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
+    assert page.status_code == 200 and SECRET not in page.content.decode()
+    assert "********" in page.content.decode()
+    assert viewer.get(reverse("admin:django_venturi_job_delete", args=[job.pk])).status_code == 403
+    history = viewer.get(reverse("admin:django_venturi_job_history", args=[job.pk]))
+    assert SECRET not in history.content.decode()
+    for action in ("retry_now", "cancel_jobs", "delete_selected"):
+        response = act(viewer, action, [job], confirm=False)
+        assert SECRET not in response.content.decode(), action
+    journal_only = staff_with("view_journalentry")
+    entry = JournalEntry.objects.get(job=job)
+    journal_page = journal_only.get(
+        reverse("admin:django_venturi_journalentry_change", args=[entry.pk])
+    )
+    assert journal_page.status_code == 200 and SECRET not in journal_page.content.decode()
+    assert journal_only.get(f"{JOURNAL}?q=SUPERSECRET1").context["cl"].result_list.count() == 0
 
 
 # ---------------------------------------------------------------- the list
@@ -234,14 +355,148 @@ def test_job_and_journal_pages_show_times_to_the_second(admin_client: Client) ->
     shown = timezone.localtime(started).strftime("%Y-%m-%d %H:%M:%S")  # not "9 a.m."
     for url in (
         reverse("admin:django_venturi_job_change", args=[job.pk]),
-        reverse("admin:django_venturi_journalentry_changelist"),
         reverse("admin:django_venturi_journalentry_change", args=[entry.pk]),
     ):
         page = admin_client.get(url).content.decode()
         assert page.count(shown) >= 1, url
         assert " a.m." not in page, url
+    journal = admin_client.get(JOURNAL).content.decode()
+    assert shown.replace(" ", "<br>") in journal  # a list: the date over the time, half as wide
+    assert " a.m." not in journal
     page = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
     assert "Start of the latest run." in page.content.decode()  # the field's help is kept
+
+
+def test_the_list_shows_a_last_error_only_while_it_is_current(admin_client: Client) -> None:
+    """A job that failed once and then completed is not in trouble: no red error for it."""
+    failed = finished("failed", last_error="ValueError: gone for good")
+    completed = finished("completed", last_error="ValueError: a blip before it worked")
+    backing_off = tasks.Noop(n=1).enqueue()
+    Job.objects.filter(pk=backing_off.pk).update(
+        attempt=1, failures=1, last_error="ConnectionError: refused, will retry"
+    )
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "gone for good" in page and "refused, will retry" in page
+    assert "a blip before it worked" not in page
+    with_error = admin_client.get(f"{CHANGELIST}?has_error=yes").context["cl"].result_list
+    assert {job.pk for job in with_error} == {failed.pk, backing_off.pk}
+    job_page = admin_client.get(reverse("admin:django_venturi_job_change", args=[completed.pk]))
+    assert "From an earlier run; the job is completed now." in job_page.content.decode()
+
+
+# ---------------------------------------------------------------- the journal
+
+
+def test_the_journal_lists_newest_first_and_searches(admin_client: Client) -> None:
+    first = finished("failed", kind="tests.recompute", payload={"account": "1"})
+    second = finished("completed")
+    old = JournalEntry.objects.create(
+        job=first, attempt=1, outcome="failed", error_type="ValueError", error_message="no stock"
+    )
+    new = JournalEntry.objects.create(job=second, attempt=1, outcome="completed")
+
+    def listed(query: str = "") -> list[int]:
+        response = admin_client.get(f"{JOURNAL}?{query}")
+        assert response.status_code == 200
+        return [entry.pk for entry in response.context["cl"].result_list]
+
+    assert listed() == [new.pk, old.pk]
+    assert listed(f"q={second.pk}") == [new.pk]
+    assert listed(f"q=%23{first.pk}") == [old.pk]
+    assert listed("q=recompute") == [old.pk]
+    assert listed("q=ValueError") == [old.pk]
+    assert listed("q=stock") == [old.pk]
+    assert listed("q=nothing+like+it") == []
+
+
+# ---------------------------------------------------------------- the job page's buttons
+
+
+def job_page(client: Client, job: Job) -> str:
+    response = client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def press(client: Client, button: str, job: Job, *, confirm: bool) -> Any:
+    url = reverse(f"admin:django_venturi_job_{button}", args=[job.pk])
+    return client.post(url, {"post": "yes"} if confirm else {}, follow=confirm)
+
+
+def test_a_failed_job_page_retries_after_a_confirmation(admin_client: Client) -> None:
+    job = finished("failed", last_error="boom")
+    page = job_page(admin_client, job)
+    retry_url = reverse("admin:django_venturi_job_retry", args=[job.pk])
+    assert f'action="{retry_url}"' in page and ">Retry now</button>" in page
+    assert "csrfmiddlewaretoken" in page
+    assert reverse("admin:django_venturi_job_cancel", args=[job.pk]) not in page  # finished
+    confirmation = press(admin_client, "retry", job, confirm=False)
+    assert "Retry these jobs now?" in confirmation.content.decode()
+    job.refresh_from_db()
+    assert job.state == "failed"
+    response = press(admin_client, "retry", job, confirm=True)
+    assert response.redirect_chain[-1][0] == reverse(
+        "admin:django_venturi_job_change", args=[job.pk]
+    )
+    assert "1 job will run now." in response.content.decode()
+    job.refresh_from_db()
+    assert job.state == "ready" and job.failures == 0
+
+
+def test_a_ready_job_page_cancels_and_a_scheduled_one_runs_now(admin_client: Client) -> None:
+    due = tasks.Noop(n=1).enqueue()
+    later = tasks.Noop(n=2).enqueue(delay=timedelta(hours=1))
+    assert ">Run now</button>" not in job_page(admin_client, due)  # already due
+    assert ">Run now</button>" in job_page(admin_client, later)
+    assert ">Cancel</button>" in job_page(admin_client, due)
+    response = press(admin_client, "cancel", due, confirm=True)
+    assert "1 job cancelled; 0 jobs running asked to stop." in response.content.decode()
+    due.refresh_from_db()
+    assert due.state == "cancelled"
+    assert ">Cancel</button>" not in response.content.decode()  # the page after: cancelled
+    press(admin_client, "retry", later, confirm=True)
+    later.refresh_from_db()
+    assert later.run_at <= timezone.now()
+
+
+def test_a_running_job_page_asks_it_to_stop_once(admin_client: Client) -> None:
+    running = tasks.Noop(n=1).enqueue()
+    Job.objects.filter(pk=running.pk).update(
+        state="running",
+        claim_token="00000000-0000-0000-0000-000000000001",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+        started_at=timezone.now(),
+    )
+    assert ">Cancel (ask it to stop)</button>" in job_page(admin_client, running)
+    press(admin_client, "cancel", running, confirm=True)
+    running.refresh_from_db()
+    assert running.state == "running" and running.cancel_requested_at is not None
+    assert "ask it to stop" not in job_page(admin_client, running)
+
+
+def test_the_buttons_need_their_permission_and_a_post() -> None:
+    failed = finished("failed")
+    ready = tasks.Noop(n=1).enqueue()
+    viewer = staff()
+    assert "venturi-button" not in job_page(viewer, failed) + job_page(viewer, ready)
+    assert press(viewer, "retry", failed, confirm=True).status_code == 403
+    assert press(viewer, "cancel", ready, confirm=True).status_code == 403
+    failed.refresh_from_db()
+    ready.refresh_from_db()
+    assert (failed.state, ready.state) == ("failed", "ready")
+    retrier = staff("retry_job")
+    assert ">Retry now</button>" in job_page(retrier, failed)
+    assert ">Cancel</button>" not in job_page(retrier, ready)
+    url = reverse("admin:django_venturi_job_retry", args=[failed.pk])
+    assert retrier.get(url).status_code == 405
+    assert press(retrier, "cancel", ready, confirm=True).status_code == 403
+    missing = reverse("admin:django_venturi_job_retry", args=[10**9])
+    assert retrier.post(missing, {"post": "yes"}).status_code == 404
+    csrf_checked = Client(enforce_csrf_checks=True)
+    csrf_checked.force_login(User.objects.get(pk=retrier.session["_auth_user_id"]))
+    assert csrf_checked.post(url, {"post": "yes"}).status_code == 403
+    failed.refresh_from_db()
+    assert failed.state == "failed"
 
 
 # ---------------------------------------------------------------- actions
@@ -258,7 +513,7 @@ def test_retry_asks_for_confirmation_then_makes_jobs_due(admin_client: Client) -
     assert failed.state == "failed"  # nothing happens before the confirmation
     response = act(admin_client, "retry_now", [failed, later, done], confirm=True)
     assert "2 jobs will run now." in response.content.decode()
-    assert "1 job neither ready nor failed" in response.content.decode()
+    assert "1 job neither ready nor failed: left as it is." in response.content.decode()
     failed.refresh_from_db()
     later.refresh_from_db()
     done.refresh_from_db()
@@ -436,7 +691,7 @@ def test_the_admin_reads_jobs_from_the_venturi_database(admin_client: Client) ->
     job = Login(user="ada", password="hunter2").enqueue(using="sqlite")
     JournalEntry.objects.using("sqlite").create(job=job, attempt=1, outcome="retry")
     with override_settings(VENTURI={**settings.VENTURI, "DATABASE": "sqlite"}):
-        listed = admin_client.get(f"{CHANGELIST}?q=ada").context["cl"].result_list
+        listed = admin_client.get(f"{CHANGELIST}?q=admin_login").context["cl"].result_list
         assert [row.pk for row in listed] == [job.pk]
         page = admin_client.get(reverse("admin:django_venturi_job_change", args=[job.pk]))
         assert page.status_code == 200 and "retry: ready" in page.content.decode()

@@ -4,10 +4,10 @@ The example project runs under `runserver` on its own PostgreSQL database, fille
 by `venturi_demo` (jobs of every outcome, failed ones included), with a live
 worker so the stats page has one to show. Playwright drives Debian's
 `/usr/bin/chromium` (never a downloaded browser). Screenshots go to
-`tests/artifacts/browser/` (ignored by git).
+`tests/artifacts/browser/` (ignored by git); their paths are printed (`pytest -s`).
 
-Without Chromium the test is skipped with the reason and how to install it, except
-in CI (`CI=true`), where it fails: CI must not pass without running it.
+Without Chromium the tests are skipped with the reason and how to install it, except
+in CI (`CI=true`), where they fail: CI must not pass without running them.
 """
 
 from __future__ import annotations
@@ -21,12 +21,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
 from tests.conftest import ROOT
 from tests.database import postgres_url
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -43,6 +47,8 @@ ARTIFACTS = ROOT / "tests" / "artifacts" / "browser"
 DATABASE = "venturi_e2e" + os.environ.get("VENTURI_TEST_RUN", "")
 PASSWORD = "e2e-admin-password"
 MANAGE = [sys.executable, str(ROOT / "example_project" / "manage.py")]
+SCREENS = {"1366x768": (1366, 768), "1920x1080": (1920, 1080)}
+"""A common laptop screen and a common desktop one."""
 
 pytestmark = pytest.mark.slow
 
@@ -78,9 +84,29 @@ def manage(*args: str) -> None:
     assert result.returncode == 0, f"manage.py {' '.join(args)} failed:\n{result.stderr}"
 
 
-@pytest.fixture
-def example_site(tmp_path: Path) -> Iterator[str]:
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    """Debian's Chromium; skip loudly without it, fail in CI (`CI=true`)."""
+    if not CHROMIUM.exists():
+        reason = (
+            f"BROWSER TEST NOT RUN: {CHROMIUM} is missing. The admin's browser test needs "
+            "Debian's Chromium; install it with\n  apt-get install -y chromium\n"
+            "(.ci/run does this when it is missing)."
+        )
+        if in_ci():
+            pytest.fail(reason)  # CI must run it
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def example_site(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The example project's admin at a local URL, with demo jobs and one live worker."""
+    tmp_path = tmp_path_factory.mktemp("example_site")
     with psycopg.connect(postgres_url(), autocommit=True) as connection:
         connection.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
         connection.execute(f'CREATE DATABASE "{DATABASE}"')
@@ -130,68 +156,141 @@ def example_site(tmp_path: Path) -> Iterator[str]:
             connection.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
 
 
-def test_an_operator_finds_a_failed_job_retries_it_and_reads_the_stats(example_site: str) -> None:
-    if not CHROMIUM.exists():
-        reason = (
-            f"{CHROMIUM} is missing: the browser test needs Debian's Chromium. Install it with\n"
-            "  apt-get install -y chromium\n(.ci/run does this when it is missing)."
-        )
-        if os.environ.get("CI"):
-            pytest.fail(reason)  # CI must run it
-        pytest.skip(reason)
-    from playwright.sync_api import expect, sync_playwright
+@pytest.fixture(scope="module")
+def browser(chromium: Path) -> Iterator[Browser]:
+    from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+            executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS
         )
-        page = browser.new_page(viewport={"width": 1600, "height": 900})
-        page.set_default_timeout(20_000)
-
-        page.goto(f"{example_site}/admin/django_venturi/job/")
-        expect(page).to_have_url(re.compile(r"/admin/login/"))  # anonymous: sent to log in
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", PASSWORD)
-        page.click("input[type=submit]")
-        expect(page.locator("#result_list")).to_be_visible()
-        page.screenshot(path=ARTIFACTS / "1-jobs.png", full_page=True)
-
-        page.locator("#changelist-filter").get_by_role("link", name="failed", exact=True).click()
-        expect(page).to_have_url(re.compile(r"state__exact=failed"))
-        rows = page.locator("#result_list tbody tr")
-        expect(rows.first).to_contain_text("failed")
-        page.screenshot(path=ARTIFACTS / "2-failed-jobs.png", full_page=True)
-        job_link = rows.first.locator("th a").first
-        job_id = job_link.inner_text()
-
-        rows.first.locator("input.action-select").check()
-        page.select_option("select[name=action]", "retry_now")
-        page.click("button[name=index]")
-        expect(page.get_by_role("heading", name="Retry these jobs now?")).to_be_visible()
-        page.screenshot(path=ARTIFACTS / "3-confirm-retry.png", full_page=True)
-        page.click("input[type=submit][value^='Yes']")
-        expect(page.locator(".messagelist")).to_contain_text("1 job will run now.")
-        page.screenshot(path=ARTIFACTS / "4-retried.png", full_page=True)
-
-        page.goto(f"{example_site}/admin/django_venturi/job/{job_id}/change/")
-        expect(page.locator(".field-state_history_table")).to_be_visible()
-        expect(page.locator(".field-state_history_table")).to_contain_text("enqueued: ready")
-        page.screenshot(path=ARTIFACTS / "5-job-page.png", full_page=True)
-
-        page.goto(f"{example_site}/admin/django_venturi/job/")
-        page.get_by_role("link", name="Queue stats").click()
-        expect(page.locator("#venturi-hour svg")).to_be_visible()
-        expect(page.locator("#venturi-workers tbody tr").first).not_to_contain_text(
-            "No worker is running"
-        )
-        expect(page.locator("#venturi-last-hour tbody")).to_contain_text("shop.charge_card")
-        page.screenshot(path=ARTIFACTS / "6-stats.png", full_page=True)
-
-        page.goto(f"{example_site}/admin/django_venturi/job/")
-        page.get_by_role("link", name="Clean up finished jobs").click()
-        page.fill("#id_older_than", "1d")
-        page.get_by_role("button", name="Count what would be deleted").click()
-        expect(page.locator(".venturi-preview")).to_contain_text("This deletes 0 jobs")
-        page.screenshot(path=ARTIFACTS / "7-cleanup.png", full_page=True)
+        yield browser
         browser.close()
+
+
+def logged_in_page(browser: Browser, site: str, width: int, height: int) -> Page:
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.set_default_timeout(20_000)
+    page.goto(f"{site}/admin/django_venturi/job/")
+    expect(page).to_have_url(re.compile(r"/admin/login/"))  # anonymous: sent to log in
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    expect(page.locator("#result_list")).to_be_visible()
+    return page
+
+
+def screenshot(page: Page, name: str) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=path, full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+SIDEWAYS_OVERFLOW = """() => {
+    const scrolling = [...document.querySelectorAll("*")].filter(
+        (box) => ["auto", "scroll"].includes(getComputedStyle(box).overflowX)
+    );
+    const boxes = [document.documentElement, ...scrolling];
+    return Object.fromEntries(boxes.map((box) => [
+        box.id || box.className || box.tagName, box.scrollWidth - box.clientWidth,
+    ]).filter(([, width]) => width > 0));
+}"""
+
+
+def sideways_overflow(page: Page) -> dict[str, int]:
+    """What scrolls sideways, and by how many pixels: the page (`scrollWidth` of the
+    document against its `clientWidth`) or a box inside it, such as the admin's
+    `.results`, which scrolls the job list's table on its own. Empty: it all fits."""
+    return dict(page.evaluate(SIDEWAYS_OVERFLOW))
+
+
+def test_the_admin_pages_fit_a_laptop_screen(browser: Browser, example_site: str) -> None:
+    """The job list, a failed job's page, the journal and the stats page at two sizes.
+
+    At 1366 px the job list used to scroll sideways, hiding the enqueued and last
+    error columns.
+    """
+    from playwright.sync_api import expect
+
+    overflows: dict[str, dict[str, int]] = {}
+    for screen, (width, height) in SCREENS.items():
+        page = logged_in_page(browser, example_site, width, height)
+        pages = {"jobs": "/admin/django_venturi/job/"}
+        page.goto(f"{example_site}/admin/django_venturi/job/?state__exact=failed")
+        failed_job = page.locator("#result_list tbody tr th a").first.get_attribute("href")
+        assert failed_job, "the demo left no failed job"
+        pages["failed-job"] = failed_job
+        pages["journal"] = "/admin/django_venturi/journalentry/"
+        pages["stats"] = "/admin/django_venturi/job/stats/"
+        for name, url in pages.items():
+            page.goto(example_site + url if url.startswith("/") else url)
+            expect(page.locator("#content")).to_be_visible()
+            screenshot(page, f"{screen}-{name}")
+            overflows[f"{name} at {screen}"] = sideways_overflow(page)
+        page.close()
+    assert overflows["jobs at 1366x768"] == {}, overflows
+    assert not any(overflows.values()), overflows
+
+
+def test_an_operator_finds_a_failed_job_retries_it_and_reads_the_stats(
+    browser: Browser, example_site: str
+) -> None:
+    from playwright.sync_api import expect
+
+    page = logged_in_page(browser, example_site, 1600, 900)
+    screenshot(page, "1-jobs")
+
+    page.locator("#changelist-filter").get_by_role("link", name="failed", exact=True).click()
+    expect(page).to_have_url(re.compile(r"state__exact=failed"))
+    rows = page.locator("#result_list tbody tr")
+    expect(rows.first).to_contain_text("failed")
+    screenshot(page, "2-failed-jobs")
+    job_id = rows.first.locator("th a").first.inner_text()
+
+    rows.first.locator("input.action-select").check()
+    page.select_option("select[name=action]", "retry_now")
+    page.click("button[name=index]")
+    expect(page.get_by_role("heading", name="Retry these jobs now?")).to_be_visible()
+    screenshot(page, "3-confirm-retry")
+    page.click("input[type=submit][value^='Yes']")
+    expect(page.locator(".messagelist")).to_contain_text("1 job will run now.")
+    screenshot(page, "4-retried")
+
+    page.goto(f"{example_site}/admin/django_venturi/job/{job_id}/change/")
+    expect(page.locator(".field-state_history_table")).to_be_visible()
+    expect(page.locator(".field-state_history_table")).to_contain_text("enqueued: ready")
+    screenshot(page, "5-job-page")
+
+    # Another failed job, retried from its own page's button.
+    page.goto(f"{example_site}/admin/django_venturi/job/?state__exact=failed")
+    page.locator("#result_list tbody tr th a").first.click()
+    job_page = page.url.partition("?")[0]
+    page.get_by_role("button", name="Retry now").click()
+    expect(page.get_by_role("heading", name="Retry these jobs now?")).to_be_visible()
+    page.click("input[type=submit][value^='Yes']")
+    expect(page.locator(".messagelist")).to_contain_text("1 job will run now.")
+    assert (
+        page.url.partition("?")[0] == job_page
+    )  # back on the job's page (the live worker may run it already)
+    screenshot(page, "6-retried-from-its-page")
+
+    page.goto(f"{example_site}/admin/django_venturi/job/")
+    page.get_by_role("link", name="Queue stats").click()
+    expect(page.locator("#venturi-hour svg")).to_be_visible()
+    expect(page.locator("#venturi-workers tbody tr").first).not_to_contain_text(
+        "No worker is running"
+    )
+    expect(page.locator("#venturi-last-hour tbody")).to_contain_text("shop.charge_card")
+    screenshot(page, "7-stats")
+
+    page.goto(f"{example_site}/admin/django_venturi/job/")
+    page.get_by_role("link", name="Clean up finished jobs").click()
+    page.fill("#id_older_than", "1d")
+    page.get_by_role("button", name="Count what would be deleted").click()
+    expect(page.locator(".venturi-preview")).to_contain_text("This deletes 0 jobs")
+    screenshot(page, "8-cleanup")
+    page.close()

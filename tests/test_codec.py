@@ -131,6 +131,28 @@ def test_secret_fields_are_masked_at_any_depth() -> None:
     assert "hunter2" not in json.dumps(shown) and "k-123" not in json.dumps(shown)
 
 
+@dataclasses.dataclass
+class Team:
+    """No secret of its own: one sits two levels down, in a dict of lists."""
+
+    name: str
+    members: dict[str, list[Credentials | None]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Tree:
+    label: str
+    children: list["Tree"] = dataclasses.field(default_factory=list)
+
+
+def test_holds_secrets_looks_at_every_depth() -> None:
+    """The admin leaves the payload of such kinds out of its search."""
+    assert codec.holds_secrets(Login) and codec.holds_secrets(Credentials)
+    assert codec.holds_secrets(Team)
+    assert not codec.holds_secrets(Address)
+    assert not codec.holds_secrets(Tree)  # a recursive type ends
+
+
 def test_errors_about_secret_fields_do_not_show_the_value() -> None:
     with pytest.raises(PayloadError) as raised:
         codec.encode(Login("example.org", api_key=12345))  # type: ignore[arg-type]

@@ -120,10 +120,10 @@ def test_venturi_cleanup_command(alias: str) -> None:
     call_command(
         "venturi_cleanup", "--older-than", "7d", "--dry-run", "--database", alias, stdout=out
     )
-    assert "would delete 1 jobs and 1 journal entries" in out.getvalue()
+    assert "would delete 1 job and 1 journal entry" in out.getvalue()
     out = io.StringIO()
     call_command("venturi_cleanup", "--older-than", "7d", "--database", alias, stdout=out)
-    assert "deleted 1 jobs and 1 journal entries in 1 batch" in out.getvalue()
+    assert "deleted 1 job and 1 journal entry in 1 batch" in out.getvalue()
     assert not Job.objects.using(alias).exists()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,8 @@ import django_venturi as venturi
 from django_venturi import verdicts
 from django_venturi.claim import ClaimRequest, claim
 from django_venturi.completion import write_verdicts
-from django_venturi.models import Job
+from django_venturi.models import Job, JournalEntry
+from django_venturi.registry import registry
 from django_venturi.retry import retry_now
 from django_venturi.scheduling import TierClock
 from tests.testapp.dedup_tasks import Once
@@ -70,3 +72,53 @@ def test_another_integrity_error_is_raised_not_reported_as_a_clash(alias: str) -
         with connections[alias].cursor() as cursor:
             for drop in drops:
                 cursor.execute(drop)
+
+
+@venturi.task(kind="tests.retry_twice", max_attempts=2)
+@dataclasses.dataclass
+class RetryTwice(venturi.Task):
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.retry()
+
+
+def run_once_and_ask_for_a_retry(alias: str) -> Job:
+    request = ClaimRequest(
+        worker="w", limit=1, kinds=["tests.retry_twice"], leases=[timedelta(minutes=5)], queues=None
+    )
+    (run,) = claim(alias, request, TierClock((6, 3, 1)))
+    spec = registry.get("tests.retry_twice")
+    verdict = verdicts.from_outcome(run, spec, venturi.Outcome.retry(after=timedelta(0)))
+    write_verdicts(alias, "w", [verdict])
+    return Job.objects.using(alias).get(pk=run.id)
+
+
+def test_a_manual_retry_grants_a_fresh_set_of_attempts_and_says_so_truly(alias: str) -> None:
+    """It used to keep the failure count: 'gave up after 3 failed attempts (max_attempts=2)'."""
+    job_id = RetryTwice().enqueue(using=alias).pk
+    assert run_once_and_ask_for_a_retry(alias).state == venturi.State.READY
+    gave_up = run_once_and_ask_for_a_retry(alias)
+    assert (gave_up.state, gave_up.failures) == (venturi.State.FAILED, 2)
+    assert gave_up.last_error.startswith("Outcome.retry: gave up after 2 failed attempts (max")
+
+    assert retry_now([job_id], using=alias).retried == [job_id]
+    retried = Job.objects.using(alias).get(pk=job_id)
+    assert (retried.state, retried.failures, retried.attempt) == (venturi.State.READY, 0, 2)
+    assert run_once_and_ask_for_a_retry(alias).state == venturi.State.READY  # not at once
+    again = run_once_and_ask_for_a_retry(alias)
+    assert (again.state, again.attempt, again.failures) == (venturi.State.FAILED, 4, 2)
+    assert again.last_error == (
+        "Outcome.retry: gave up after 2 failed attempts (max_attempts=2)"
+        "; last error: the handler returned Outcome.retry()"
+    )
+    journal = JournalEntry.objects.using(alias).filter(job_id=job_id).order_by("id")
+    assert [entry.outcome for entry in journal] == ["retry", "failed", "retry", "failed"]
+
+
+def test_a_returned_outcome_is_named_once_in_the_run_summary() -> None:
+    """The worker logs `<outcome>: <summary>`: it read 'retry: retry: the handler asked ...'."""
+    asked = verdicts.ErrorInfo.from_reason("the handler returned Outcome.retry()", "Outcome.retry")
+    assert asked.summary() == "the handler returned Outcome.retry()"
+    refused = verdicts.ErrorInfo.from_reason("out of stock", type="Outcome.failed")
+    assert refused.summary() == "out of stock"
+    raised = verdicts.ErrorInfo.from_reason("bad", type="builtins.ValueError")
+    assert raised.summary() == "ValueError: bad"

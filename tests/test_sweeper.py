@@ -48,6 +48,18 @@ def test_a_sweep_deletes_what_the_policy_no_longer_keeps(alias: str) -> None:
     assert old.pk not in left and old_cancelled.pk not in left
 
 
+def test_a_sweep_logs_what_it_deleted_in_words(
+    alias: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It read "deleted 1 completed jobs older than 7 days, 0:00:00 (1 journal entries)"."""
+    finished(alias, "completed", timedelta(days=8))
+    with override_settings(VENTURI={"RETENTION": POLICY}), caplog.at_level("INFO"):
+        sweeper.sweep(alias)
+    assert "retention: deleted 1 job and 0 journal entries (completed, finished more than" in (
+        caplog.text
+    )
+
+
 def test_without_a_policy_a_sweep_deletes_nothing(alias: str) -> None:
     finished(alias, "completed", timedelta(days=800))
     assert sweeper.sweep(alias) == {}

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from django_venturi.testing import (
+    DrainLimitReached,
     VenturiQueue,
     assert_enqueued,
     drain,
@@ -59,6 +60,13 @@ def test_drain_runs_every_due_job_and_returns_the_outcomes(db: None) -> None:
     later.refresh_from_db()
     assert later.state == "ready"  # not due yet: not run
     assert drain() == []
+
+
+def test_drain_stops_at_its_limit_and_says_so_in_words(db: None) -> None:
+    Noop(n=1).enqueue()
+    Noop(n=2).enqueue()
+    with pytest.raises(DrainLimitReached, match=r"drain\(\) ran 1 job and more are due"):
+        drain(limit=1)
 
 
 def test_drain_by_kind(db: None) -> None:

@@ -53,7 +53,7 @@ class Command(BaseCommand):
         on_terminal = sys.stdout.isatty()
 
         def progress(so_far: CleanupResult) -> None:
-            message = f"{so_far.jobs} jobs, {so_far.journal_entries} journal entries deleted"
+            message = f"{so_far.counts(', ')} deleted"
             if on_terminal:
                 self.stdout.write(f"\r{message}", ending="")
             elif so_far.batches % 10 == 0:
@@ -71,6 +71,5 @@ class Command(BaseCommand):
             self.stdout.write("")
         verb = "would delete" if options["dry_run"] else "deleted"
         self.stdout.write(
-            f"{verb} {result.jobs} jobs and {result.journal_entries} journal entries"
-            + ("" if options["dry_run"] else f" {result.in_batches()}")
+            f"{verb} {result.counts()}" + ("" if options["dry_run"] else f" {result.in_batches()}")
         )
