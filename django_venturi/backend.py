@@ -145,10 +145,9 @@ class VenturiBackend:
         from django_venturi.registry import TASKS_KIND_PREFIX
 
         does_not_exist = frameworks.result_does_not_exist()
-        try:
-            job_id = int(str(result_id))
-        except ValueError:
-            raise does_not_exist(f"no task result has the id {result_id!r}") from None
+        job_id = job_id_of(result_id)
+        if job_id is None:
+            raise does_not_exist(f"no task result has the id {result_id!r}")
         job = (
             Job.objects.using(self.database)
             .filter(pk=job_id, kind__startswith=TASKS_KIND_PREFIX)
@@ -180,6 +179,19 @@ class VenturiBackend:
         """Nothing here: venturi's own checks validate every TASKS entry of this backend
         (`check_tasks_setting`), once, even when both frameworks ask each backend."""
         return []
+
+
+def job_id_of(result_id: object) -> int | None:
+    """The job id a TaskResult id names: exactly the decimal digits of a `TaskResult.id`.
+
+    Only what `str(job.pk)` gives: no sign, spaces, underscores, leading zeros or
+    non-ASCII digits, which `int()` would accept.
+    """
+    if not isinstance(result_id, str) or not (result_id.isascii() and result_id.isdigit()):
+        return None
+    if result_id != "0" and result_id.startswith("0"):
+        return None
+    return int(result_id)
 
 
 def _framework_building_this() -> Framework | None:
@@ -227,14 +239,7 @@ def _problems(backend: VenturiBackend, task: Any) -> Iterable[str]:
         validate_name(task.queue_name, field="queue_name", max_length=MAX_QUEUE_LENGTH)
     except ValueError as error:
         yield str(error)
-    module = func.__module__
-    from django.apps import apps
-
-    if apps.ready and not frameworks.module_is_allowed(module):
-        yield (
-            f"{module!r} is outside every installed app: venturi workers import Task "
-            "modules of installed apps only; add it to VENTURI['TASK_MODULES']"
-        )
+    # A module outside installed apps is fine: its jobs carry a signature of it.
 
 
 _INSERT_SQL = """
