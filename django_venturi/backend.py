@@ -212,6 +212,11 @@ def _installed_names() -> list[str]:
 
 
 def _problems(backend: VenturiBackend, task: Any) -> Iterable[str]:
+    """What makes `task` one that workers could not run as enqueued.
+
+    Where its module lives is not among them: outside installed apps, its jobs
+    carry the producer's signature of it (`frameworks.import_refusal`).
+    """
     func = task.func
     if not inspect.isfunction(func) or "<locals>" in func.__qualname__ or "." in func.__qualname__:
         yield "Task function must be defined at a module level."
@@ -239,7 +244,6 @@ def _problems(backend: VenturiBackend, task: Any) -> Iterable[str]:
         validate_name(task.queue_name, field="queue_name", max_length=MAX_QUEUE_LENGTH)
     except ValueError as error:
         yield str(error)
-    # A module outside installed apps is fine: its jobs carry a signature of it.
 
 
 _INSERT_SQL = """

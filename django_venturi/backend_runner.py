@@ -4,9 +4,9 @@ The worker treats these jobs like any other (claim, lease, heartbeat, verdict,
 journal); only the handler differs. The Task is found by `frameworks.resolve`,
 which imports only modules of installed apps, of `VENTURI["TASK_MODULES"]` or
 signed by the producer, and accepts nothing but a Task of the framework the job
-recorded. Django's semantics hold by default: the return
-value is stored and the job is SUCCESSFUL; an exception makes it FAILED, with
-no retry unless the backend's `OPTIONS["MAX_ATTEMPTS"]` allows more runs.
+recorded. Django's semantics hold by default: the return value is stored and the
+job is SUCCESSFUL; an exception makes it FAILED, with no retry unless the
+backend's `OPTIONS["MAX_ATTEMPTS"]` allows more runs.
 """
 
 from __future__ import annotations
