@@ -145,10 +145,9 @@ class VenturiBackend:
         from django_venturi.registry import TASKS_KIND_PREFIX
 
         does_not_exist = frameworks.result_does_not_exist()
-        try:
-            job_id = int(str(result_id))
-        except ValueError:
-            raise does_not_exist(f"no task result has the id {result_id!r}") from None
+        job_id = job_id_of(result_id)
+        if job_id is None:
+            raise does_not_exist(f"no task result has the id {result_id!r}")
         job = (
             Job.objects.using(self.database)
             .filter(pk=job_id, kind__startswith=TASKS_KIND_PREFIX)
@@ -182,6 +181,19 @@ class VenturiBackend:
         return []
 
 
+def job_id_of(result_id: object) -> int | None:
+    """The job id a TaskResult id names: exactly the decimal digits of a `TaskResult.id`.
+
+    Only what `str(job.pk)` gives: no sign, spaces, underscores, leading zeros or
+    non-ASCII digits, which `int()` would accept.
+    """
+    if not isinstance(result_id, str) or not (result_id.isascii() and result_id.isdigit()):
+        return None
+    if result_id != "0" and result_id.startswith("0"):
+        return None
+    return int(result_id)
+
+
 def _framework_building_this() -> Framework | None:
     """The framework whose `task_backends` handler is constructing a backend right now."""
     frame = sys._getframe(2)
@@ -200,6 +212,11 @@ def _installed_names() -> list[str]:
 
 
 def _problems(backend: VenturiBackend, task: Any) -> Iterable[str]:
+    """What makes `task` one that workers could not run as enqueued.
+
+    Where its module lives is not among them: outside installed apps, its jobs
+    carry the producer's signature of it (`frameworks.import_refusal`).
+    """
     func = task.func
     if not inspect.isfunction(func) or "<locals>" in func.__qualname__ or "." in func.__qualname__:
         yield "Task function must be defined at a module level."
@@ -227,14 +244,6 @@ def _problems(backend: VenturiBackend, task: Any) -> Iterable[str]:
         validate_name(task.queue_name, field="queue_name", max_length=MAX_QUEUE_LENGTH)
     except ValueError as error:
         yield str(error)
-    module = func.__module__
-    from django.apps import apps
-
-    if apps.ready and not frameworks.module_is_allowed(module):
-        yield (
-            f"{module!r} is outside every installed app: venturi workers import Task "
-            "modules of installed apps only; add it to VENTURI['TASK_MODULES']"
-        )
 
 
 _INSERT_SQL = """

@@ -2,10 +2,11 @@
 
 The worker treats these jobs like any other (claim, lease, heartbeat, verdict,
 journal); only the handler differs. The Task is found by `frameworks.resolve`,
-which imports modules of installed apps only and accepts nothing but a Task of
-the framework the job recorded. Django's semantics hold by default: the return
-value is stored and the job is SUCCESSFUL; an exception makes it FAILED, with
-no retry unless the backend's `OPTIONS["MAX_ATTEMPTS"]` allows more runs.
+which imports only modules of installed apps, of `VENTURI["TASK_MODULES"]` or
+signed by the producer, and accepts nothing but a Task of the framework the job
+recorded. Django's semantics hold by default: the return value is stored and the
+job is SUCCESSFUL; an exception makes it FAILED, with no retry unless the
+backend's `OPTIONS["MAX_ATTEMPTS"]` allows more runs.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
 
 def _succeeded(run: TasksRun, value: Any) -> Verdict:
     try:
-        stored = frameworks.check_json(value, "the return value")
+        stored = frameworks.stored_result(value)
     except Exception as error:  # a PayloadError, or whatever the value's own methods raised
         return _failed(run, error)
     verdict = verdicts.completed(run.execution.job)

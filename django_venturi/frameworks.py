@@ -7,10 +7,14 @@ framework its Task came from, so that results, contexts, errors and signals are
 always that framework's own types.
 
 This module also says how a job row reads back as a `TaskResult`, and how a
-worker finds the Task a row names: by module path, but only inside installed
-apps (or `VENTURI["TASK_MODULES"]`), and only if what it finds is a real Task of
-the recorded framework. A tampered row can therefore never make a worker import
-an arbitrary module or call anything that is not a declared Task.
+worker finds the Task a row names: by module path, and only if what it finds is
+a real Task of the recorded framework. A worker imports the module if it is
+inside an installed app, listed in `VENTURI["TASK_MODULES"]`, or signed: at
+enqueue the producer signs the Task's module path with the project's
+SECRET_KEY (`module_signature`), so the modules of a library that is not an
+installed app (Wagtail's search enqueues `modelsearch.tasks`) are admitted
+while a tampered row, which cannot sign, can never make a worker import an
+arbitrary module or call anything that is not a declared Task.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import dataclasses
 import functools
 import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from importlib import import_module
 from typing import Any
 
 from django.apps import apps
+from django.core.signing import BadSignature, Signer
 from django.dispatch import Signal
 from django.utils.dateparse import parse_datetime
 
@@ -154,8 +159,8 @@ def kind_of(task: Any) -> str:
 
 
 def module_is_allowed(module: str) -> bool:
-    """Whether workers may import `module` to find a Task: inside an installed app,
-    or listed (or under a module listed) in `VENTURI["TASK_MODULES"]`."""
+    """Whether workers may import `module` to find a Task without a signature: inside
+    an installed app, or listed (or under a module listed) in `VENTURI["TASK_MODULES"]`."""
     from django_venturi.conf import venturi_settings
 
     listed = venturi_settings.TASK_MODULES
@@ -164,21 +169,83 @@ def module_is_allowed(module: str) -> bool:
     return apps.get_containing_app_config(module) is not None
 
 
+MODULE_SIGNATURE_SALT = "django_venturi.task-module"
+"""Keeps these signatures apart from every other use of SECRET_KEY."""
+
+
+def module_signature(module: str) -> str:
+    """Sign a Task's module path: this project's own code enqueued a Task of `module`.
+
+    Made at enqueue with SECRET_KEY; a worker checks it with its SECRET_KEY and
+    SECRET_KEY_FALLBACKS, so producers and workers must share the key.
+    """
+    return str(Signer(salt=MODULE_SIGNATURE_SALT).signature(module))
+
+
+def import_refusal(module: str, signature: object) -> str | None:
+    """Why a worker must not import `module` for a job carrying `signature`, or None.
+
+    A job written before signatures (no `module_signature`) keeps the old rule:
+    installed apps and `VENTURI["TASK_MODULES"]` only.
+    """
+    if module_is_allowed(module):
+        return None
+    outside = f"{module!r} is not inside an installed app or VENTURI['TASK_MODULES']"
+    if signature is None:
+        return f"{outside}, and the job carries no signature of it: not imported"
+    if not isinstance(signature, str) or not _signed(module, signature):
+        return (
+            f"{outside}, and the job's signature of it is not valid (made for another "
+            "module, or with a SECRET_KEY that is neither SECRET_KEY nor in "
+            "SECRET_KEY_FALLBACKS here): not imported"
+        )
+    return None
+
+
+def _signed(module: str, signature: str) -> bool:
+    signer = Signer(salt=MODULE_SIGNATURE_SALT)
+    try:
+        signer.unsign(f"{module}{signer.sep}{signature}")
+    except BadSignature:
+        return False
+    return True
+
+
 def check_json(value: Any, where: str) -> Any:
-    """Return `value` as plain JSON (tuples become lists), or raise naming what does not fit.
+    """Return Task arguments as plain JSON (tuples become lists), or raise naming what does
+    not fit.
 
     Django requires Task arguments and return values to be JSON; venturi refuses
-    anything that would not read back equal (non-str keys, NaN, other types) or
+    anything that would not reach the task equal (non-str keys, NaN, other types) or
     that the database cannot store (NUL, surrogates: see `django_venturi.text`).
     UTF-8 bytes become text, as Django's own `TaskResult` makes them.
     """
+    return _checked(value, where, _str_key)
+
+
+def stored_result(value: Any) -> Any:
+    """Return a Task's return value as it is stored, or raise naming what does not fit.
+
+    As `check_json`, except that dict keys of the types JSON writes as text (int,
+    float, bool, None) become that text, as a round trip through `json` makes them:
+    `{1: "a"}` is stored and read back as `{"1": "a"}`, as Django's database-backed
+    backends store it. NaN and infinities stay refused: PostgreSQL's jsonb holds none.
+    """
+    return _checked(value, "the return value", _json_key)
+
+
+KeyRule = Callable[[object, str], str]
+"""How dict keys become JSON keys: the key and where its dict is, to the key's text."""
+
+
+def _checked(value: Any, where: str, key_rule: KeyRule) -> Any:
     try:
-        return _check_json(value, where)
+        return _check_json(value, where, key_rule)
     except RecursionError:
         raise too_deep(where) from None
 
 
-def _check_json(value: Any, where: str) -> Any:
+def _check_json(value: Any, where: str, key_rule: KeyRule) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -195,25 +262,66 @@ def _check_json(value: Any, where: str) -> Any:
             raise ValueError(f"{where} is bytes that are not UTF-8 text") from None
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{where} is {value!r}, which JSON cannot hold")
+            raise ValueError(
+                f"{where} is {value!r}, which JSON cannot hold (nor can PostgreSQL's jsonb)"
+            )
         return value
     if isinstance(value, Mapping):
-        checked = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(
-                    f"{where} has the key {key!r} ({type(key).__name__}); JSON keys must be str"
-                )
-            problem = text.problem(key)
-            if problem:
-                raise UnstorableValue(f"{where}[{key!r}]", f"the key {problem}")
-            checked[key] = _check_json(item, f"{where}[{key!r}]")
-        return checked
+        return _check_mapping(value, where, key_rule)
     if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
-        return [_check_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return [
+            _check_json(item, f"{where}[{index}]", key_rule) for index, item in enumerate(value)
+        ]
     raise TypeError(
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
         "JSON-serialisable (Django Tasks take str, int, float, bool, None, list and dict)"
+    )
+
+
+def _check_mapping(value: Mapping[Any, Any], where: str, key_rule: KeyRule) -> dict[str, Any]:
+    checked: dict[str, Any] = {}
+    original: dict[str, object] = {}
+    for key, item in value.items():
+        name = key_rule(key, where)
+        problem = text.problem(name)
+        if problem:
+            raise UnstorableValue(f"{where}[{key!r}]", f"the key {problem}")
+        if name in original:
+            raise ValueError(
+                f"{where} has the keys {original[name]!r} and {key!r}, which JSON writes "
+                f"as one key {name!r}"
+            )
+        original[name] = key
+        checked[name] = _check_json(item, f"{where}[{key!r}]", key_rule)
+    return checked
+
+
+def _str_key(key: object, where: str) -> str:
+    if not isinstance(key, str):
+        raise TypeError(
+            f"{where} has the key {key!r} ({type(key).__name__}); JSON keys must be str"
+        )
+    return key
+
+
+def _json_key(key: object, where: str) -> str:
+    """The text `json.dumps` writes for the dict key `key` (it refuses other types)."""
+    if isinstance(key, str):
+        return key
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        problem = int_problem(key)
+        if problem:
+            raise UnstorableValue(f"{where}'s key", problem)
+        return int.__repr__(key)
+    if isinstance(key, float) and math.isfinite(key):
+        return float.__repr__(key)
+    raise TypeError(
+        f"{where} has the key {key!r} ({type(key).__name__}); JSON keys must be str, "
+        "or an int, a finite float, a bool or None (written as text)"
     )
 
 
@@ -234,6 +342,7 @@ def envelope(
         "priority": task.priority,
         "queue_name": task.queue_name,
         "run_after": None if task.run_after is None else task.run_after.isoformat(),
+        "module_signature": module_signature(task.func.__module__),
         "args": check_json(list(args), "args"),
         "kwargs": check_json(dict(kwargs), "kwargs"),
     }
@@ -266,11 +375,9 @@ def resolve(kind: str, payload: Any) -> Resolved:
     module_name, _, attribute = path.rpartition(".")
     if not module_name or not attribute.isidentifier():
         raise UnrunnableTask(f"{path!r} is not a module path")
-    if not module_is_allowed(module_name):
-        raise UnrunnableTask(
-            f"{module_name!r} is not inside an installed app or VENTURI['TASK_MODULES']: "
-            "not imported"
-        )
+    refusal = import_refusal(module_name, payload.get("module_signature"))
+    if refusal:
+        raise UnrunnableTask(refusal)
     try:
         module = import_module(module_name)
     except ImportError as error:

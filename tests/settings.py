@@ -14,6 +14,9 @@ from tests.database import postgres_url
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "tests-only-not-secret"
+# Worker subprocesses of a test may run with a rotated key (tests/test_django_tasks.py).
+SECRET_KEY = os.environ.get("VENTURI_TEST_SECRET_KEY", SECRET_KEY)
+SECRET_KEY_FALLBACKS = json.loads(os.environ.get("VENTURI_TEST_SECRET_KEY_FALLBACKS", "[]"))
 DEBUG = False
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core import checks
+from django.core.signing import Signer
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -149,14 +150,71 @@ def test_a_return_value_that_is_not_json_fails_the_task(
     assert "the return value is a builtins.set" in error.traceback
 
 
+def test_a_return_value_is_stored_as_a_json_round_trip_makes_it(
+    tasks: ModuleType, workers: Workers
+) -> None:
+    framework = framework_of(tasks)
+    keys = tasks.non_str_keys.enqueue()
+    nan = tasks.not_a_number.enqueue()
+    workers.burst("default")
+
+    keys.refresh()
+    assert keys.status == framework.status.SUCCESSFUL, keys.errors
+    # What Django's database-backed backends store and read back: the `json` round trip.
+    expected = json.loads(json.dumps(tasks.non_str_keys.call()))
+    assert expected == {"7": "int", "2.5": "float", "false": "bool", "null": "none"}
+    assert keys.return_value == expected
+    assert Job.objects.get(pk=int(keys.id)).result == expected
+    # NaN: PostgreSQL's jsonb cannot hold it, so the task fails, saying why.
+    nan.refresh()
+    assert nan.status == framework.status.FAILED
+    (error,) = nan.errors
+    assert error.exception_class is ValueError
+    assert "the return value is nan, which JSON cannot hold (nor can PostgreSQL's jsonb)" in (
+        error.traceback
+    )
+    assert Job.objects.get(pk=int(nan.id)).state == "failed"
+
+
+def test_return_value_keys_json_would_merge_or_cannot_write_are_refused() -> None:
+    assert frameworks.stored_result({"a": [{2: None}], "b": b"x"}) == {"a": [{"2": None}], "b": "x"}
+    with pytest.raises(ValueError, match=r"has the keys 1 and '1', which JSON writes as one key"):
+        frameworks.stored_result({1: "a", "1": "b"})
+    with pytest.raises(ValueError, match=r"\['x'\] has the keys True and 'true'"):
+        frameworks.stored_result({"x": {True: 1, "true": 2}})
+    with pytest.raises(TypeError, match=r"has the key \(1, 2\) \(tuple\); JSON keys must be"):
+        frameworks.stored_result({(1, 2): "a"})
+    with pytest.raises(TypeError, match=r"has the key nan \(float\)"):
+        frameworks.stored_result({math.nan: "a"})
+    with pytest.raises(ValueError, match=r"\[1\] is inf, which JSON cannot hold"):
+        frameworks.stored_result([1, math.inf])
+
+
 def test_unknown_ids_raise_task_result_does_not_exist(tasks: ModuleType) -> None:
     does_not_exist = exceptions_of(tasks).TaskResultDoesNotExist
     venturi_job = venturi_tasks.Noop(n=1).enqueue()
-    for unknown in ["999999999", "not-a-number", str(venturi_job.pk)]:
+    for unknown in ["999999999", "9" * 40, "", "not-a-number", str(venturi_job.pk)]:
         with pytest.raises(does_not_exist):
             tasks.add.get_result(unknown)
         with pytest.raises(does_not_exist):
             tasks.add.get_backend().get_result(unknown)
+
+
+def test_get_result_takes_exactly_the_ids_results_have(tasks: ModuleType) -> None:
+    does_not_exist = exceptions_of(tasks).TaskResultDoesNotExist
+    result_id = tasks.add.enqueue(1, 2).id
+    arabic_indic = result_id.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    near_misses = [f" {result_id} ", f"0_{result_id}", f"0{result_id}", f"+{result_id}"]
+    near_misses += [f"{result_id}\n", arabic_indic]
+    for near_miss in near_misses:
+        assert int(near_miss) == int(result_id)  # what `int()` alone would accept
+        with pytest.raises(does_not_exist, match="no task result has the id"):
+            tasks.add.get_result(near_miss)
+        with pytest.raises(does_not_exist):
+            tasks.add.get_backend().get_result(near_miss)
+    with pytest.raises(does_not_exist):
+        tasks.add.get_backend().get_result(int(result_id))  # ids are str
+    assert tasks.add.get_result(result_id).id == result_id
 
 
 def test_runs_on_one_slot_report_their_own_start_not_the_claims(
@@ -472,8 +530,8 @@ def test_validate_task_refuses_what_cannot_run_with_the_frameworks_exception(
         tasks.add.using(queue_name="nope")
     with pytest.raises(invalid, match="priority must be a whole number"):
         tasks.add.using(priority=101)
-    with pytest.raises(invalid, match="outside every installed app"):
-        task(outside_any_app)
+    # A module outside installed apps is no reason: its jobs carry the module's signature.
+    assert task(outside_any_app).func is outside_any_app
     result = tasks.on_emails.enqueue("a@example.com")
     assert Job.objects.get(pk=int(result.id)).queue == "emails"
 
@@ -481,6 +539,59 @@ def test_validate_task_refuses_what_cannot_run_with_the_frameworks_exception(
 def outside_any_app(a: int) -> int:
     """A module-level function of a module that no installed app contains."""
     return a
+
+
+# ---------------------------------------------------------------- task modules outside apps
+
+
+def test_a_library_task_module_imported_late_runs_on_a_worker_by_its_signature(
+    workers: Workers,
+) -> None:
+    # Imported now, long after start-up, as a library is on first use; not an installed
+    # app and not in VENTURI["TASK_MODULES"] (Wagtail's search enqueues modelsearch.tasks).
+    from tests.library import tasks as library
+
+    module = "tests.library.tasks"
+    assert not frameworks.module_is_allowed(module)
+    result = library.shout.enqueue("hello")
+    job = Job.objects.get(pk=int(result.id))
+    assert job.kind == f"tasks:{module}.shout"
+    assert job.payload["module_signature"] == frameworks.module_signature(module)
+
+    workers.burst("default")
+
+    result.refresh()
+    assert str(result.status) == "SUCCESSFUL", result.errors
+    assert result.return_value == "HELLO!"
+
+
+def test_a_rotated_secret_key_runs_jobs_signed_with_a_key_in_its_fallbacks(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.conf import settings
+
+    from tests.library import tasks as library
+
+    old_key = settings.SECRET_KEY
+    signed_with_old_key = library.shout.enqueue("rotated")
+    monkeypatch.setenv("VENTURI_TEST_SECRET_KEY", "tests-only-the-new-key")
+    monkeypatch.setenv("VENTURI_TEST_SECRET_KEY_FALLBACKS", json.dumps([old_key]))
+    workers.burst("default")
+    signed_with_old_key.refresh()
+    assert str(signed_with_old_key.status) == "SUCCESSFUL", signed_with_old_key.errors
+    assert signed_with_old_key.return_value == "ROTATED!"
+
+    # A worker that no longer knows the old key does not import the module: the job
+    # fails saying why, and keeps its arguments (retry it once the key is back).
+    forgotten = library.shout.enqueue("forgotten")
+    monkeypatch.setenv("VENTURI_TEST_SECRET_KEY_FALLBACKS", "[]")
+    workers.burst("default")
+    job = Job.objects.get(pk=int(forgotten.id))
+    (entry,) = JournalEntry.objects.filter(job=job)
+    assert (job.state, entry.error_type) == ("failed", "django_venturi.frameworks.UnrunnableTask")
+    assert "the job's signature of it is not valid" in entry.error_message
+    assert "SECRET_KEY_FALLBACKS" in entry.error_message
+    assert job.payload["args"] == ["forgotten"]
 
 
 def test_check_reports_a_misconfigured_tasks_entry() -> None:
@@ -608,6 +719,9 @@ def test_tampered_tasks_jobs_never_call_anything_but_a_declared_task(
     os_system_ran = tmp_path / "os_system_ran"
     command = f"touch {os_system_ran}"
 
+    not_valid = "'venturi_tripwire' is not inside an installed app or VENTURI['TASK_MODULES'], "
+    not_valid += "and the job's signature of it is not valid"
+
     def tampered(kind: str, **payload_changes: Any) -> int:
         job_id = int(tasks.echo.enqueue(command).id)
         job = Job.objects.get(pk=job_id)
@@ -624,16 +738,36 @@ def test_tampered_tasks_jobs_never_call_anything_but_a_declared_task(
         tampered(f"tasks:{tasks.__name__}.echo", args="x"): "no args list",
         tampered("tasks:tests.testapp.tasks.__import__"): "not a",
         tampered("tasks:os"): "is not a module path",
+        # Signatures: none, forged, made with another key, of another module, not text.
+        tampered(
+            "tasks:venturi_tripwire.boom", module_signature=None
+        ): "'venturi_tripwire' is not inside an installed app or VENTURI['TASK_MODULES'], "
+        "and the job carries no signature of it: not imported",
+        tampered("tasks:venturi_tripwire.boom", module_signature="forged"): not_valid,
+        tampered(
+            "tasks:venturi_tripwire.boom",
+            module_signature=Signer(
+                key="another-key", salt=frameworks.MODULE_SIGNATURE_SALT
+            ).signature("venturi_tripwire"),
+        ): not_valid,
+        tampered(
+            "tasks:venturi_tripwire.boom",
+            module_signature=frameworks.module_signature("tests.library.tasks"),
+        ): not_valid,
+        tampered("tasks:venturi_tripwire.boom", module_signature=["x"]): not_valid,
     }
     other = [name for name in INSTALLED if name != framework.name]
     if other:  # a Task of the other framework under this framework's name
         module = MODULES[other[0]]
         cases[tampered(f"tasks:{module}.echo")] = f"not a {framework.name} Task"
     fine = tasks.add.enqueue(1, 1)
+    # A row from before signatures (none) of an installed app's module keeps running.
+    unsigned = tampered(f"tasks:{tasks.__name__}.echo", module_signature=None)
 
     workers.burst("default")
 
     assert sorted(path.name for path in tripwire.iterdir()) == [], "the tripwire tripped"
+    assert Job.objects.get(pk=unsigned).result == {"args": [command], "kwargs": {}}
     assert not os_system_ran.exists()
     for job_id, reason in cases.items():
         job = Job.objects.get(pk=job_id)

@@ -46,6 +46,18 @@ def bad_return() -> object:
     return {1, 2}
 
 
+@task
+def non_str_keys() -> dict[object, str]:
+    """Keys that JSON writes as text: stored as `json` round-trips them."""
+    return {7: "int", 2.5: "float", False: "bool", None: "none"}
+
+
+@task
+def not_a_number() -> float:
+    """NaN, which PostgreSQL's jsonb cannot hold."""
+    return float("nan")
+
+
 @task(takes_context=True)
 def with_context(context: TaskContext, value: int) -> dict[str, Any]:
     return {
