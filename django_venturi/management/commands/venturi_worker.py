@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from django_venturi.checks import sqlite_transaction_mode_errors
 from django_venturi.conf import venturi_settings
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, validate_name
@@ -113,6 +114,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         self._refuse_an_old_schema(options["database"] or venturi_settings.DATABASE)
+        self._refuse_sqlite_without_immediate(options["database"] or venturi_settings.DATABASE)
         worker = Worker(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -130,6 +132,13 @@ class Command(BaseCommand):
             raise CommandError(f"the worker stopped: {error}") from None
         finally:
             restore()
+
+    def _refuse_sqlite_without_immediate(self, alias: str) -> None:
+        """Exit with the check's message when `alias` is SQLite without IMMEDIATE transactions."""
+        database = connections.settings[alias]
+        errors = sqlite_transaction_mode_errors(alias, database, for_worker=True)
+        if errors:
+            raise CommandError(f"{errors[0].msg}\nHINT: {errors[0].hint} ({errors[0].id})")
 
     def _refuse_an_old_schema(self, alias: str) -> None:
         """Exit with the check's message when venturi's migrations are behind on `alias`."""
