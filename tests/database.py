@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -61,3 +62,30 @@ def first_line(error: Exception) -> str:
     """The first line of an error's message, or its type if it has none."""
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
+
+
+def url_of(name: str) -> str:
+    """The URL of database `name` on the tests' PostgreSQL server."""
+    return urlsplit(postgres_url())._replace(path=f"/{name}").geturl()
+
+
+def drop_database(name: str) -> None:
+    """Drop database `name` from the tests' server if it is there, connections and all."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(postgres_url(), autocommit=True) as connection:
+        connection.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def create_database(name: str) -> str:
+    """Create an empty database `name` on the tests' server (dropping any left over); its URL."""
+    import psycopg
+    from psycopg import sql
+
+    drop_database(name)
+    with psycopg.connect(postgres_url(), autocommit=True) as connection:
+        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return url_of(name)

@@ -11,28 +11,21 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 from django.conf import settings
 
 from tests.conftest import ROOT
-from tests.database import postgres_url
+from tests.database import drop_database, url_of
 
 DATABASE = f"venturi_demo{settings.RUN_SUFFIX}"
-
-
-def drop_database() -> None:
-    with psycopg.connect(postgres_url(), autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
 
 
 @pytest.fixture
 def demo_url() -> Iterator[str]:
     """A DATABASE_URL naming a database the server does not have."""
-    drop_database()
-    base = postgres_url()
-    yield base[: base.rindex("/")] + f"/{DATABASE}"
-    drop_database()
+    drop_database(DATABASE)
+    yield url_of(DATABASE)
+    drop_database(DATABASE)
 
 
 def run_demo(url: str) -> str:
