@@ -223,8 +223,8 @@ def test_the_quick_start_covers_every_step() -> None:
     assert lines[-1] == "python manage.py venturi_worker --burst"
 
 
-def test_the_install_section_names_this_version_s_wheel() -> None:
-    wheels = re.findall(
-        r"django_venturi-([^-]+)-py3-none-any\.whl", section(README.read_text(), "Install")
-    )
-    assert wheels and set(wheels) == {django_venturi.__version__}
+def test_the_install_instructions_name_this_version_s_wheel() -> None:
+    """The README's and the guide's `pip install dist/django_venturi-<version>-...whl`."""
+    texts = section(README.read_text(), "Install") + (ROOT / "docs" / "guide.md").read_text()
+    wheels = re.findall(r"django_venturi-([^-]+)-py3-none-any\.whl", texts)
+    assert len(wheels) == 2 and set(wheels) == {django_venturi.__version__}, wheels
