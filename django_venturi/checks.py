@@ -193,21 +193,41 @@ def check_listen_connection(
 def check_sqlite_transaction_mode(
     user: dict[str, Any], databases: dict[str, Any]
 ) -> list[CheckMessage]:
-    """Claims on SQLite are only safe when every transaction takes the write lock first."""
+    """Warn when the jobs database is SQLite without IMMEDIATE transactions (`venturi.W013`).
+
+    A warning, not an error: `migrate`, `runserver` and every other command run
+    these checks, and none of them needs what the setting protects. The worker
+    does, and refuses to start on such a database (`venturi.E013`, same message).
+    """
     alias = user.get("DATABASE", DEFAULTS["DATABASE"])
-    database = databases.get(alias) if isinstance(alias, str) else None
-    if not database or "sqlite3" not in database.get("ENGINE", ""):
+    if not isinstance(alias, str) or not isinstance(databases.get(alias), dict):
+        return []  # venturi.E005 says so
+    return sqlite_transaction_mode_errors(alias, databases[alias], for_worker=False)
+
+
+def sqlite_transaction_mode_errors(
+    alias: str, database: dict[str, Any], *, for_worker: bool
+) -> list[CheckMessage]:
+    """Claims on SQLite are only safe when every transaction takes the write lock first.
+
+    `venturi_worker` runs this on its own `--database` (`for_worker`: an error,
+    `venturi.E013`); `manage.py check` on `VENTURI["DATABASE"]` (a warning).
+    """
+    if "sqlite3" not in str(database.get("ENGINE", "")):
         return []
-    mode = database.get("OPTIONS", {}).get("transaction_mode")
+    mode = (database.get("OPTIONS") or {}).get("transaction_mode")
     if isinstance(mode, str) and mode.upper() == "IMMEDIATE":
         return []
+    level, check_id = (Error, "venturi.E013") if for_worker else (CheckWarning, "venturi.W013")
     return [
-        Error(
+        level(
             f"DATABASES[{alias!r}] is SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE' "
-            f"(got {mode!r}); concurrent claims could deadlock or fail with 'database is locked'",
-            hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20} to it.',
+            f"(got {mode!r}): concurrent claims could deadlock or fail with 'database is "
+            "locked', so venturi_worker refuses to start on it",
+            hint=f'Add "OPTIONS": {{"transaction_mode": "IMMEDIATE", "timeout": 20}} to '
+            f"DATABASES[{alias!r}].",
             obj=f"settings.DATABASES[{alias!r}]",
-            id="venturi.E013",
+            id=check_id,
         )
     ]
 

@@ -1,8 +1,9 @@
 """Settings of the example project.
 
 The database comes from `DATABASE_URL` when it is set (for example
-`postgres://postgres@127.0.0.1:5432/postgres`), else a SQLite file next to this
-module. Everything else is plain Django.
+`postgres://postgres@127.0.0.1:5432/venturi_demo`; the demo creates that database
+if the server lacks it), else a SQLite file next to this module. Everything else
+is plain Django.
 """
 
 from pathlib import Path

@@ -25,15 +25,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Fail the whole run at once when PostgreSQL cannot be reached: never skip it."""
     import psycopg
 
-    from tests.database import HOW_TO, postgres_url
+    from tests.database import NoPostgreSQL, first_line, postgres_url
 
     url = postgres_url()
     try:
         psycopg.connect(url, connect_timeout=10).close()
     except psycopg.Error as error:
-        raise pytest.UsageError(
-            f"cannot connect to PostgreSQL at {url}: {error}\n{HOW_TO}"
-        ) from None
+        raise NoPostgreSQL(f"cannot connect to {url}: {first_line(error)}") from None
 
 
 @pytest.fixture(params=BOTH_DATABASES, ids=["postgresql", "sqlite"])

@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_venturi.backend import is_venturi_backend
+from django_venturi.checks import sqlite_transaction_mode_errors
 from django_venturi.conf import venturi_settings
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
@@ -122,6 +123,7 @@ class Command(BaseCommand):
         self._refuse_unknown_kinds(options["kind_concurrency"] or {})
         self._warn_of_unused_queues(options["queues"] or [])
         self._refuse_an_old_schema(options["database"] or venturi_settings.DATABASE)
+        self._refuse_sqlite_without_immediate(options["database"] or venturi_settings.DATABASE)
         worker = Worker(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -180,6 +182,13 @@ class Command(BaseCommand):
                     "anyway, for jobs enqueued with that queue",
                     self.style.WARNING,
                 )
+
+    def _refuse_sqlite_without_immediate(self, alias: str) -> None:
+        """Exit with the check's message when `alias` is SQLite without IMMEDIATE transactions."""
+        database = connections.settings[alias]
+        errors = sqlite_transaction_mode_errors(alias, database, for_worker=True)
+        if errors:
+            raise CommandError(f"{errors[0].msg}\nHINT: {errors[0].hint} ({errors[0].id})")
 
     def _refuse_an_old_schema(self, alias: str) -> None:
         """Exit with the check's message when venturi's migrations are behind on `alias`."""

@@ -1,7 +1,9 @@
 """`manage.py venturi_demo`: enqueue jobs of every outcome, run a burst worker, print tables.
 
-1. `migrate` (so a fresh clone needs nothing else);
-2. delete the jobs and signups of earlier demo runs (`--keep` keeps them);
+1. on PostgreSQL, create the database `DATABASE_URL` names if the server lacks it,
+   then `migrate` (so a fresh clone and a fresh server need nothing else);
+2. delete the jobs and signups of earlier demo runs (`--keep` keeps them) and say
+   how many of each;
 3. enqueue `--count` jobs of each task in shop/tasks.py: the signups through
    `sign_up()` (the view's code: row and job in one `transaction.atomic()`),
    the rest in one `venturi.enqueue_many()` call;
@@ -21,9 +23,10 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
+from django.apps import apps
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Count
 
 import django_venturi as venturi
@@ -74,6 +77,8 @@ class Command(BaseCommand):
         if count < 1:
             raise CommandError("--count must be at least 1")
         self.line(f"Database: {describe_database()}")
+        if create_database_if_missing():
+            self.line(f"Created the database {connection.settings_dict['NAME']!r}.")
         call_command("migrate", interactive=False, verbosity=0)
         self.line("Migrated.")
         if not options["keep"]:
@@ -87,12 +92,11 @@ class Command(BaseCommand):
     # ------------------------------------------------------------ steps
 
     def clear(self) -> None:
-        jobs, _ = Job.objects.filter(kind__in=DEMO_KINDS).delete()
-        signups, _ = Signup.objects.filter(email__endswith="@" + DEMO_EMAIL_DOMAIN).delete()
-        if jobs or signups:
-            self.line(
-                f"Deleted {jobs} rows of earlier demo runs (jobs with their journal, signups)."
-            )
+        _, jobs = Job.objects.filter(kind__in=DEMO_KINDS).delete()
+        _, signups = Signup.objects.filter(email__endswith="@" + DEMO_EMAIL_DOMAIN).delete()
+        deleted = {**jobs, **signups}
+        if any(deleted.values()):
+            self.line(f"Deleted what earlier demo runs left: {describe_rows(deleted)}.")
 
     def enqueue(self, count: int) -> list[int]:
         ids: list[int] = []
@@ -268,6 +272,42 @@ def kind_order(kind: str) -> tuple[int, str]:
 
 def short_type(error_type: str) -> str:
     return error_type.rpartition(".")[2]
+
+
+def describe_rows(counts: dict[str, int]) -> str:
+    """'10 jobs, 22 journal entries, 2 signups' from the counts `QuerySet.delete()` returns."""
+    parts = []
+    for label, count in counts.items():
+        if count:
+            meta = apps.get_model(label)._meta
+            parts.append(f"{count} {meta.verbose_name if count == 1 else meta.verbose_name_plural}")
+    return ", ".join(parts)
+
+
+def create_database_if_missing() -> bool:
+    """On PostgreSQL, create the database the settings name if the server lacks it.
+
+    Return whether it was created. The demo's own database (for example
+    `venturi_demo`, not the `postgres` maintenance database) then needs no
+    `createdb` first. Django's `_nodb_cursor()` reaches the server without that
+    database, the way its test runner creates test databases.
+    """
+    if connection.vendor != "postgresql":
+        return False
+    try:
+        connection.ensure_connection()
+    except OperationalError:  # missing, or the server is down: look before creating
+        pass
+    else:
+        return False
+    name = connection.settings_dict["NAME"]
+    with connection._nodb_cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+        if cursor.fetchone() is not None:
+            connection.ensure_connection()  # it exists: raise the first error again
+            return False
+        cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
+    return True
 
 
 def describe_database() -> str:
