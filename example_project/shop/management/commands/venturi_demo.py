@@ -134,7 +134,9 @@ class Command(BaseCommand):
             f"Enqueued {len(ids)} jobs: {count} SendEmail through sign_up() "
             f"(one transaction each), {len(tasks)} others with venturi.enqueue_many()."
         )
-        self.line(f"A signup rolled back after its enqueue left {left_behind} jobs behind.")
+        self.line(
+            f"A signup rolled back after its enqueue left {counted(left_behind, 'job')} behind."
+        )
         return ids
 
     def work(self, ids: Sequence[int], *, concurrency: int, verbose: bool) -> None:
@@ -223,7 +225,7 @@ class Command(BaseCommand):
         missing = [kind for kind in DEMO_KINDS if per_kind[kind] != count]
         if wrong or missing:
             details = "\n".join(wrong[:10] + [f"{kind}: wrong job count" for kind in missing])
-            raise CommandError(f"{len(wrong)} jobs did not end as expected:\n{details}")
+            raise CommandError(f"{counted(len(wrong), 'job')} did not end as expected:\n{details}")
         self.line("")
         self.line(self.style.SUCCESS("Every job ended as its task is written to end."))
 
@@ -272,6 +274,11 @@ def kind_order(kind: str) -> tuple[int, str]:
 
 def short_type(error_type: str) -> str:
     return error_type.rpartition(".")[2]
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 job', '2 jobs'."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def describe_rows(counts: dict[str, int]) -> str:
