@@ -9,7 +9,9 @@ pytest prints a usage error without a traceback).
 from __future__ import annotations
 
 import atexit
+import gc
 import os
+import warnings
 from urllib.parse import urlsplit
 
 import pytest
@@ -51,11 +53,16 @@ def container_url() -> str:
     try:
         container = PostgresContainer("postgres:16-alpine", driver=None).start()
     except Exception as error:  # Docker missing or not running: say so, never skip
-        raise NoPostgreSQL(
-            f"DATABASE_URL is not set, and Docker could not start PostgreSQL: {first_line(error)}"
-        ) from None
-    atexit.register(container.stop)
-    return str(container.get_connection_url())
+        reason = first_line(error)
+    else:
+        atexit.register(container.stop)
+        return str(container.get_connection_url())
+    # The Docker client's failed attempt leaves an unclosed socket behind; collect
+    # it now, quietly, rather than let a ResourceWarning follow the message at exit.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+    raise NoPostgreSQL(f"DATABASE_URL is not set, and Docker could not start PostgreSQL: {reason}")
 
 
 def first_line(error: Exception) -> str:
