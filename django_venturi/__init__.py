@@ -15,7 +15,9 @@ from django_venturi.context import Context
 from django_venturi.dedup import Existing, Merge
 from django_venturi.journal import history
 from django_venturi.outcomes import Outcome, TaskError
+from django_venturi.pauses import Paused, pause, paused, resume
 from django_venturi.periodic import periodic
+from django_venturi.rate_limits import RateLimit
 from django_venturi.registry import RegistrationError, UnknownKind
 from django_venturi.retention import cleanup
 from django_venturi.snapshot import stats
@@ -35,8 +37,10 @@ __all__ = [
     "JournalOutcome",
     "Merge",
     "Outcome",
+    "Paused",
     "PayloadError",
     "Priority",
+    "RateLimit",
     "RegistrationError",
     "State",
     "Task",
@@ -47,7 +51,10 @@ __all__ = [
     "cleanup",
     "enqueue_many",
     "history",
+    "pause",
+    "paused",
     "periodic",
+    "resume",
     "secret",
     "stats",
     "task",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -19,16 +20,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Count, Exists, F, Min, OuterRef, Q
+from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from django_venturi import statements
-from django_venturi.models import Job
+from django_venturi.models import Job, Pause, RateStart
+from django_venturi.pauses import paused_names
+from django_venturi.rate_limits import RateRule, key_value, next_opening
 from django_venturi.scheduling import TIERS, TierClock
 from django_venturi.states import State
 
 CAPS_LOCK_KEY = 0x76656E7475726901
-"""The advisory lock that serialises claims of capped kinds (per database)."""
+"""The advisory lock that serialises claims of capped and rate-limited kinds (per database)."""
 
 
 RunKey = tuple[int, uuid.UUID]
@@ -53,6 +58,9 @@ class ClaimedJob:
     """Database time of this claim."""
     claim_token: uuid.UUID
     lease: timedelta
+    claim_sent: float = 0.0
+    """`time.monotonic()` when the claim statement was sent, after any lock it waited
+    for: no earlier than the time a rate limit counts this start at."""
 
     @property
     def run_key(self) -> RunKey:
@@ -68,6 +76,7 @@ class ClaimedJob:
         started_at: datetime,
         claim_token: uuid.UUID,
         lease: timedelta,
+        claim_sent: float | None = None,
     ) -> ClaimedJob:
         """A claimed job built from a `Job` row and the claim's own values."""
         return cls(
@@ -83,6 +92,7 @@ class ClaimedJob:
             started_at=started_at,
             claim_token=claim_token,
             lease=lease,
+            claim_sent=time.monotonic() if claim_sent is None else claim_sent,
         )
 
 
@@ -114,6 +124,13 @@ class ClaimRequest:
     """Also claim every kind that starts with this (Django Tasks jobs, see `backend.py`)."""
     prefix_lease: timedelta | None = None
     """The lease of the jobs claimed through `kind_prefix`."""
+    rates: Sequence[RateRule] = ()
+    """Rate limits on some kinds; the claim counts and records their starts."""
+    rate_room: int | None = None
+    """How many jobs of rate-limited kinds this claim may take (None: no bound).
+
+    The worker passes its idle handler slots: a limited job starts as soon as it
+    is claimed, never waits in the local buffer, so its start is the one counted."""
 
     def lease_of(self, kind: str) -> timedelta:
         """The lease a claimed job of `kind` gets."""
@@ -125,6 +142,11 @@ class ClaimRequest:
 
     def claims_some_kind(self) -> bool:
         return bool(self.kinds) or self.kind_prefix is not None
+
+    @property
+    def serialised(self) -> bool:
+        """Whether the claim must hold the caps lock: it counts running jobs or starts."""
+        return bool(self.rates) or any(limit.global_cap is not None for limit in self.limits)
 
 
 def claim(alias: str, request: ClaimRequest, clock: TierClock) -> list[ClaimedJob]:
@@ -192,6 +214,17 @@ _SERVED_QUEUES_ALL = """
     FROM served WHERE served.queue IS NOT NULL
 """
 
+_PAUSED = """
+-- Paused queues and kinds (`pauses.py`): read by the statement itself, so a pause
+-- committed before it began is never missed.
+paused_queues(names) AS (
+    SELECT coalesce(array_agg(name), '{{}}') FROM {pause_table} WHERE scope = 'queue'
+),
+paused_kinds(names) AS (
+    SELECT coalesce(array_agg(name), '{{}}') FROM {pause_table} WHERE scope = 'kind'
+)
+"""
+
 _SLOTS = """
 -- The (tier, rank) pairs that hold ready jobs in each served queue, found by
 -- skipping through the claim index from one pair to the next: one index probe
@@ -205,6 +238,7 @@ slots(queue, priority, rank) AS (
         ORDER BY priority, rank LIMIT 1
     ) AS lowest
     WHERE served.queue IS NOT NULL
+      AND served.queue <> ALL((SELECT names FROM paused_queues)::text[])
     UNION ALL
     SELECT slots.queue, following.priority, following.rank
     FROM slots
@@ -214,6 +248,34 @@ slots(queue, priority, rank) AS (
           AND (priority, rank) > (slots.priority, slots.rank)
         ORDER BY priority, rank LIMIT 1
     ) AS following
+)
+"""
+
+_RATES = """
+-- Rate-limited kinds, and the starts each one's window still counts, per key. A
+-- claim of a limited kind holds the caps advisory lock, taken before this
+-- statement began, so the counts are exact. `clock_timestamp()` is read once,
+-- after that lock: the time the starts are recorded at.
+rates(kind, cap, seconds, field) AS (
+    SELECT * FROM unnest(%(rate_kinds)s::text[], %(rate_caps)s::integer[],
+                         %(rate_seconds)s::float8[], %(rate_fields)s::text[])
+),
+clock(at) AS (SELECT clock_timestamp()),
+used(kind, key, used) AS (
+    SELECT counted.kind, counted.key, count(*)
+    FROM rates JOIN {ledger} AS counted ON counted.kind = rates.kind
+    WHERE counted.started_at > (SELECT at FROM clock) - make_interval(secs => rates.seconds)
+    GROUP BY counted.kind, counted.key
+),
+-- Kinds and keys at their limit: their jobs are left out of the scan, so they
+-- never crowd out others.
+exhausted(kind, key, keyed) AS (
+    SELECT used.kind, used.key, rates.field IS NOT NULL
+    FROM used JOIN rates ON rates.kind = used.kind
+    WHERE used.used >= rates.cap
+),
+keyed_exhausted(kinds) AS (
+    SELECT coalesce(array_agg(DISTINCT kind), '{{}}') FROM exhausted WHERE keyed
 )
 """
 
@@ -234,10 +296,18 @@ room(kind, room) AS (
     FROM unnest(%(limit_kinds)s::text[], %(global_caps)s::integer[], %(local_rooms)s::integer[])
         AS limits(kind, global_cap, local_room)
 ),
--- Kinds at their cap are left out of the scan, so they never crowd out others.
+{paused},
+{rates},
+-- Kinds at their cap, at their rate limit or paused are left out of the scan,
+-- so they never crowd out others.
 eligible(kinds) AS (
     SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
     WHERE NOT EXISTS (SELECT 1 FROM room WHERE room.kind = known.kind AND room.room < 1)
+      AND known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+      AND NOT EXISTS (SELECT 1 FROM exhausted WHERE exhausted.kind = known.kind
+                                                AND NOT exhausted.keyed)
+      AND (%(rate_room)s::integer > 0
+           OR NOT EXISTS (SELECT 1 FROM rates WHERE rates.kind = known.kind))
 ),
 {slots},
 -- For each slot, the due jobs in claim order. Each lateral scan is a range of
@@ -245,21 +315,33 @@ eligible(kinds) AS (
 -- not grow with the backlog. SKIP LOCKED passes over rows that another worker
 -- is claiming right now instead of waiting for it.
 pool AS (
-    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, tiers.clock, tiers.stride
+    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, c.rate_key, tiers.clock, tiers.stride
     FROM slots
     JOIN tiers ON tiers.priority = slots.priority
     CROSS JOIN LATERAL (
-        SELECT id, kind, priority, rank, run_at FROM {table}
+        SELECT id, kind, priority, rank, run_at,
+               -- The value a keyed rate limit counts this job's start under.
+               CASE WHEN kind = ANY(%(keyed_kinds)s::text[])
+                    THEN coalesce(payload ->> (SELECT field FROM rates
+                                               WHERE rates.kind = {table}.kind), '')
+                    ELSE '' END AS rate_key
+        FROM {table}
         WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
           AND rank = slots.rank AND run_at <= now()
           AND (kind = ANY((SELECT kinds FROM eligible)::text[])
                -- Django Tasks jobs, whatever their function (NULL: none).
-               OR starts_with(kind, %(kind_prefix)s::text))
+               OR (starts_with(kind, %(kind_prefix)s::text)
+                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
           -- A dedup follow-up waits behind the running job of its key.
           AND (dedup_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM {table} AS ahead
                 WHERE ahead.state = 'running' AND ahead.kind = {table}.kind
                   AND ahead.dedup_key = {table}.dedup_key))
+          -- A job whose rate-limit key is at its limit waits, out of the way.
+          AND (kind <> ALL((SELECT kinds FROM keyed_exhausted)::text[]) OR NOT EXISTS (
+                SELECT 1 FROM exhausted JOIN rates ON rates.kind = exhausted.kind
+                WHERE exhausted.kind = {table}.kind AND exhausted.keyed
+                  AND exhausted.key = coalesce({table}.payload ->> rates.field, '')))
         ORDER BY run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -267,22 +349,44 @@ pool AS (
 ),
 -- Weighted turns: the k-th candidate of a tier comes at clock + k * stride.
 ranked AS (
-    SELECT id, kind, priority,
+    SELECT id, kind, priority, rate_key,
            clock + stride * row_number() OVER (PARTITION BY priority ORDER BY rank, run_at, id)
                AS turn
     FROM pool
 ),
--- A capped kind contributes no more candidates than its room.
+-- A capped kind contributes no more candidates than its room; a rate-limited
+-- kind no more than each key's room and, all limited kinds together, than
+-- `rate_room`.
 capped AS (
-    SELECT id, priority, turn, kind,
-           row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank
+    SELECT id, priority, turn, kind, rate_key,
+           row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank,
+           row_number() OVER (PARTITION BY kind, rate_key ORDER BY turn, priority) AS key_rank,
+           row_number() OVER (PARTITION BY kind = ANY(%(rate_kinds)s::text[])
+                              ORDER BY turn, priority) AS limited_rank
     FROM ranked
 ),
 chosen AS (
-    SELECT capped.id, capped.kind FROM capped LEFT JOIN room ON room.kind = capped.kind
-    WHERE room.room IS NULL OR capped.kind_rank <= room.room
+    SELECT capped.id, capped.kind, capped.rate_key, rates.kind IS NOT NULL AS limited
+    FROM capped
+    LEFT JOIN room ON room.kind = capped.kind
+    LEFT JOIN rates ON rates.kind = capped.kind
+    LEFT JOIN used ON used.kind = capped.kind AND used.key = capped.rate_key
+    WHERE (room.room IS NULL OR capped.kind_rank <= room.room)
+      AND (rates.kind IS NULL
+           OR (capped.key_rank <= rates.cap - coalesce(used.used, 0)
+               AND capped.limited_rank <= %(rate_room)s::integer))
     ORDER BY capped.turn, capped.priority
     LIMIT %(limit)s
+),
+-- Each start of a limited kind counts from now on; starts out of every window go.
+recorded AS (
+    INSERT INTO {ledger} (kind, key, started_at)
+    SELECT kind, rate_key, (SELECT at FROM clock) FROM chosen WHERE limited
+),
+forgotten AS (
+    DELETE FROM {ledger} AS old USING rates
+    WHERE old.kind = rates.kind
+      AND old.started_at <= (SELECT at FROM clock) - make_interval(secs => rates.seconds)
 ),
 leases(kind, seconds) AS (
     SELECT * FROM unnest(%(kinds)s::text[], %(lease_seconds)s::float8[])
@@ -310,15 +414,43 @@ RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carr
 """
 
 
+def _tables(alias: str) -> dict[str, str]:
+    quote = connections[alias].ops.quote_name
+    return {
+        "table": quote(Job._meta.db_table),
+        "pause_table": quote(Pause._meta.db_table),
+        "ledger": quote(RateStart._meta.db_table),
+    }
+
+
+def _fragments(alias: str, request: ClaimRequest) -> dict[str, str]:
+    """The statement's shared parts, with the table names filled in."""
+    tables = _tables(alias)
+    served = _SERVED_QUEUES_ALL if request.queues is None else _SERVED_QUEUES_LISTED
+    return {
+        **tables,
+        "served": served.format(**tables),
+        "paused": _PAUSED.format(**tables),
+        "rates": _RATES.format(**tables),
+        "slots": _SLOTS.format(**tables),
+    }
+
+
+def _rate_params(request: ClaimRequest) -> dict[str, Any]:
+    return {
+        "rate_kinds": [rule.kind for rule in request.rates],
+        "rate_caps": [rule.limit.limit for rule in request.rates],
+        "rate_seconds": [rule.limit.window_seconds for rule in request.rates],
+        "rate_fields": [rule.limit.key for rule in request.rates],
+        "keyed_kinds": [rule.kind for rule in request.rates if rule.limit.key is not None],
+    }
+
+
 def postgresql_statement(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> tuple[str, dict[str, Any]]:
     """The claim statement and its parameters (for the claim, and for EXPLAIN)."""
-    table = connections[alias].ops.quote_name(Job._meta.db_table)
-    served = _SERVED_QUEUES_ALL if request.queues is None else _SERVED_QUEUES_LISTED
-    sql = _CLAIM_SQL.format(
-        served=served.format(table=table), slots=_SLOTS.format(table=table), table=table
-    )
+    sql = _CLAIM_SQL.format(**_fragments(alias, request))
     params = {
         "queues": list(request.queues or []),
         "tiers": list(TIERS),
@@ -336,6 +468,8 @@ def postgresql_statement(
         "limit": request.limit,
         "token": token,
         "worker": request.worker,
+        "rate_room": request.limit if request.rate_room is None else request.rate_room,
+        **_rate_params(request),
     }
     return sql, params
 
@@ -344,13 +478,14 @@ def _claim_postgresql(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> list[ClaimedJob]:
     sql, params = postgresql_statement(alias, request, clock, token)
-    globally_capped = any(limit.global_cap is not None for limit in request.limits)
-    if globally_capped:  # the SETs of the session would not outlast the transaction
+    serialised = request.serialised
+    if serialised:  # the SETs of the session would not outlast the transaction
         statements.prime_session(alias, statements.WORKER_SESSION)
-    with transaction.atomic(using=alias) if globally_capped else nullcontext():
-        if globally_capped:
+    with transaction.atomic(using=alias) if serialised else nullcontext():
+        if serialised:
             statements.fetch(alias, "SELECT pg_advisory_xact_lock(%s)", [CAPS_LOCK_KEY])
         # The claiming connection is the worker's own: no JIT for its statements.
+        sent = time.monotonic()
         rows = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
     jobs = [
         ClaimedJob(
@@ -366,6 +501,7 @@ def _claim_postgresql(
             started_at=row[9],
             claim_token=token,
             lease=timedelta(seconds=row[10]),
+            claim_sent=sent,
         )
         for row in rows
     ]
@@ -381,9 +517,16 @@ def _claim_orm(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> list[ClaimedJob]:
     with transaction.atomic(using=alias):
+        sent = time.monotonic()  # inside the transaction: after the database's write lock
         now = timezone.now()
         room = _room_orm(alias, request.limits)
-        kinds = [kind for kind in request.kinds if room.get(kind, 1) > 0]
+        paused_queues, paused_kinds = paused_names(alias)
+        rates = _RatesOrm(alias, request, now)
+        kinds = [
+            kind
+            for kind in request.kinds
+            if room.get(kind, 1) > 0 and kind not in paused_kinds and rates.may_take(kind)
+        ]
         running_same_key = Job.objects.using(alias).filter(
             state=State.RUNNING, kind=OuterRef("kind"), dedup_key=OuterRef("dedup_key")
         )
@@ -391,30 +534,35 @@ def _claim_orm(
             Job.objects.using(alias)
             .filter(state=State.READY, run_at__lte=now)
             .filter(_claimable_kinds(kinds, request.kind_prefix))
+            .exclude(kind__in=paused_kinds)
+            .exclude(queue__in=paused_queues)
             .exclude(Q(dedup_key__isnull=False) & Exists(running_same_key))
         )
         if request.queues is not None:
             due = due.filter(queue__in=list(request.queues))
-        candidates: list[tuple[float, int, int, str]] = []
+        due = rates.without_full_keys(due)
+        candidates: list[tuple[float, int, int, str, Any]] = []
         for tier in TIERS:
             rows = list(
                 due.filter(priority=tier)
                 .order_by("rank", "run_at", "id")
-                .values_list("id", "kind")[: request.limit]
+                .values_list("id", "kind", "payload")[: request.limit]
             )
             turns = clock.turns(tier, len(rows))
             candidates.extend(
-                (turn, tier, job_id, kind) for turn, (job_id, kind) in zip(turns, rows, strict=True)
+                (turn, tier, job_id, kind, payload)
+                for turn, (job_id, kind, payload) in zip(turns, rows, strict=True)
             )
         chosen: list[int] = []
-        for _, _, job_id, kind in sorted(candidates):
+        for _, _, job_id, kind, payload in sorted(candidates, key=lambda entry: entry[:3]):
             if len(chosen) == request.limit:
                 break
+            if room.get(kind, 1) < 1 or not rates.take(kind, payload):
+                continue
             if kind in room:
-                if room[kind] < 1:
-                    continue
                 room[kind] -= 1
             chosen.append(job_id)
+        rates.record()
         jobs = list(Job.objects.using(alias).filter(id__in=chosen).order_by("id"))
         for kind in {job.kind for job in jobs}:
             Job.objects.using(alias).filter(id__in=chosen, kind=kind).update(
@@ -432,9 +580,81 @@ def _claim_orm(
             started_at=now,
             claim_token=token,
             lease=request.lease_of(job.kind),
+            claim_sent=sent,
         )
         for job in jobs
     ]
+
+
+class _RatesOrm:
+    """The rate limits of one claim off PostgreSQL: what each kind and key may still
+    start, the starts this claim takes, and their rows (inside the claim's transaction,
+    which holds the database's write lock, so claims count each other's starts)."""
+
+    def __init__(self, alias: str, request: ClaimRequest, now: datetime) -> None:
+        self.alias = alias
+        self.now = now
+        self.rules = {rule.kind: rule for rule in request.rates}
+        self.room = request.limit if request.rate_room is None else request.rate_room
+        self.used = {rule.kind: _counted_starts(alias, rule, now) for rule in request.rates}
+        self.taken: list[RateStart] = []
+
+    def may_take(self, kind: str) -> bool:
+        """False for a limited kind this claim cannot start any job of."""
+        rule = self.rules.get(kind)
+        if rule is None:
+            return True
+        if self.room < 1:
+            return False
+        return rule.limit.key is not None or len(self.used[kind].get("", [])) < rule.limit.limit
+
+    def without_full_keys(self, due: QuerySet[Job]) -> QuerySet[Job]:
+        """`due` less the jobs whose key is at its limit (so they fill no part of the claim)."""
+        for index, (kind, rule) in enumerate(self.rules.items()):
+            field = rule.limit.key
+            used = self.used[kind]
+            full = [key for key, starts in used.items() if len(starts) >= rule.limit.limit]
+            if field is None or not full:
+                continue
+            name = f"venturi_rate_key_{index}"
+            # Cast: a key transform's own `__in` would compare JSON, not text.
+            key = Cast(KeyTextTransform(field, "payload"), output_field=TextField())
+            due = due.alias(**{name: key})
+            due = due.exclude(Q(kind=kind) & Q(**{f"{name}__in": full}))
+        return due
+
+    def take(self, kind: str, payload: Any) -> bool:
+        """Count one start of a job of `kind`; False if its limit has no room."""
+        rule = self.rules.get(kind)
+        if rule is None:
+            return True
+        key = key_value(rule.limit, payload)
+        starts = self.used[kind].setdefault(key, [])
+        if self.room < 1 or len(starts) >= rule.limit.limit:
+            return False
+        self.room -= 1
+        starts.append(self.now)
+        self.taken.append(RateStart(kind=kind, key=key, started_at=self.now))
+        return True
+
+    def record(self) -> None:
+        """Write this claim's starts; forget those out of every window."""
+        RateStart.objects.using(self.alias).bulk_create(self.taken)
+        for kind, rule in self.rules.items():
+            window = timedelta(seconds=rule.limit.window_seconds)
+            RateStart.objects.using(self.alias).filter(
+                kind=kind, started_at__lte=self.now - window
+            ).delete()
+
+
+def _counted_starts(alias: str, rule: RateRule, now: datetime) -> dict[str, list[datetime]]:
+    """The starts of `rule`'s kind that its window still counts, per key."""
+    window = timedelta(seconds=rule.limit.window_seconds)
+    counted: dict[str, list[datetime]] = {}
+    rows = RateStart.objects.using(alias).filter(kind=rule.kind, started_at__gt=now - window)
+    for key, started_at in rows.values_list("key", "started_at"):
+        counted.setdefault(key, []).append(started_at)
+    return counted
 
 
 def _claimable_kinds(kinds: Sequence[str], prefix: str | None) -> Q:
@@ -465,45 +685,68 @@ def _room_orm(alias: str, limits: Sequence[KindLimit]) -> dict[str, int]:
 
 _NEXT_DUE_SQL = """
 WITH RECURSIVE served(queue) AS ({served}),
-{slots}
-SELECT extract(epoch FROM min(upcoming.run_at) - now())
-FROM slots
-CROSS JOIN LATERAL (
-    SELECT run_at FROM {table}
-    WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-      AND rank = slots.rank AND run_at > now()
-      AND (kind = ANY(%(kinds)s::text[]) OR starts_with(kind, %(kind_prefix)s::text))
-    ORDER BY run_at
-    LIMIT 1
-) AS upcoming
+{paused},
+{slots},
+{rates},
+-- When each kind or key at its rate limit has room again: when its
+-- limit-th newest start leaves the window.
+openings(at) AS (
+    SELECT (array_agg(counted.started_at ORDER BY counted.started_at DESC))[min(rates.cap)]
+           + make_interval(secs => min(rates.seconds))
+    FROM exhausted
+    JOIN rates ON rates.kind = exhausted.kind
+    JOIN {ledger} AS counted ON counted.kind = exhausted.kind AND counted.key = exhausted.key
+    WHERE counted.started_at > (SELECT at FROM clock) - make_interval(secs => rates.seconds)
+    GROUP BY exhausted.kind, exhausted.key
+)
+SELECT extract(epoch FROM least(
+    (SELECT min(upcoming.run_at)
+     FROM slots
+     CROSS JOIN LATERAL (
+        SELECT run_at FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+          AND rank = slots.rank AND run_at > now()
+          AND (kind = ANY(%(kinds)s::text[]) OR starts_with(kind, %(kind_prefix)s::text))
+        ORDER BY run_at
+        LIMIT 1
+     ) AS upcoming),
+    (SELECT min(at) FROM openings)
+) - (SELECT at FROM clock))
 """
 
 
 def seconds_until_next_due(alias: str, request: ClaimRequest) -> float | None:
-    """How long until the earliest job scheduled in the future becomes due, or None."""
+    """How long until a job scheduled in the future becomes due, or a rate-limited kind
+    (or key) has room again, whichever comes first; None if neither is waited for."""
     if not request.claims_some_kind():
         return None
     connection = connections[alias]
     if connection.vendor != "postgresql":
-        upcoming = (
-            Job.objects.using(alias)
-            .filter(state=State.READY, run_at__gt=timezone.now())
-            .filter(_claimable_kinds(request.kinds, request.kind_prefix))
-        )
-        if request.queues is not None:
-            upcoming = upcoming.filter(queue__in=list(request.queues))
-        earliest = upcoming.aggregate(earliest=Min("run_at"))["earliest"]
-        return None if earliest is None else (earliest - timezone.now()).total_seconds()
-    table = connection.ops.quote_name(Job._meta.db_table)
-    served = _SERVED_QUEUES_ALL if request.queues is None else _SERVED_QUEUES_LISTED
-    sql = _NEXT_DUE_SQL.format(
-        served=served.format(table=table), slots=_SLOTS.format(table=table), table=table
-    )
+        return _seconds_until_next_due_orm(alias, request)
+    sql = _NEXT_DUE_SQL.format(**_fragments(alias, request))
     params = {
         "queues": list(request.queues or []),
         "kinds": list(request.kinds),
         "kind_prefix": request.kind_prefix,
+        **_rate_params(request),
     }
     rows = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
     row = rows[0] if rows else None
     return None if row is None or row[0] is None else float(row[0])
+
+
+def _seconds_until_next_due_orm(alias: str, request: ClaimRequest) -> float | None:
+    now = timezone.now()
+    upcoming = (
+        Job.objects.using(alias)
+        .filter(state=State.READY, run_at__gt=now)
+        .filter(_claimable_kinds(request.kinds, request.kind_prefix))
+    )
+    if request.queues is not None:
+        upcoming = upcoming.filter(queue__in=list(request.queues))
+    moments = [upcoming.aggregate(earliest=Min("run_at"))["earliest"]]
+    for rule in request.rates:
+        for starts in _counted_starts(alias, rule, now).values():
+            moments.append(next_opening(starts, rule.limit, now))
+    known = [moment for moment in moments if moment is not None]
+    return None if not known else (min(known) - now).total_seconds()

@@ -19,7 +19,9 @@ from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim, sec
 from django_venturi.conf import venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.handlers import Handlers
+from django_venturi.pause_watch import PauseWatch
 from django_venturi.periodic import Scheduler
+from django_venturi.rate_limits import RateRule
 from django_venturi.registry import registry
 from django_venturi.runs import Runs
 from django_venturi.scheduling import TierClock
@@ -59,6 +61,7 @@ class Claimer:
         wake: threading.Event,
         make_execution: Callable[[ClaimedJob, float], Execution],
         service_died: Callable[[], bool],
+        pause_watch: PauseWatch,
     ) -> None:
         self.worker = worker
         self.alias = alias
@@ -75,6 +78,7 @@ class Claimer:
         self._wake = wake
         self._make_execution = make_execution
         self._service_died = service_died
+        self.pause_watch = pause_watch
         self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
         self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
         self._streak = Streak()
@@ -98,6 +102,8 @@ class Claimer:
                     "recovering expired leases",
                 )
                 next_rescue = time.monotonic() + self.rescue_interval
+            if self.pause_watch.due():
+                self._guarded(self.pause_watch.look, "looking for paused queues and kinds")
             if scheduler is not None and time.monotonic() >= next_periodic:
                 self._guarded(scheduler.run_pass, "the periodic scheduler")
                 next_periodic = time.monotonic() + scheduler.interval
@@ -116,8 +122,8 @@ class Claimer:
             # Nothing due: sleep until the next poll or scheduled job. Otherwise all
             # slots are busy, and a finishing job wakes the loop.
             wait = self._idle_wait() if claimed == [] else self.poll_interval
-            # Never sleep past the next recovery sweep or scheduler pass.
-            next_chore = min(next_rescue, next_periodic)
+            # Never sleep past the next recovery sweep, scheduler pass or pause look.
+            next_chore = min(next_rescue, next_periodic, self.pause_watch.next_look)
             self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
 
     # ------------------------------------------------------------ claiming
@@ -143,7 +149,18 @@ class Claimer:
             limits=self._kind_limits(kinds),
             kind_prefix=self.tasks_kind_prefix,
             prefix_lease=venturi_settings.DEFAULT_LEASE,
+            rates=self._rates(kinds),
+            rate_room=self.handlers.slots() - self.runs.busy(),
         )
+
+    @staticmethod
+    def _rates(kinds: Sequence[str]) -> list[RateRule]:
+        rules = []
+        for kind in kinds:
+            limit = registry.get(kind).rate_limit
+            if limit is not None:
+                rules.append(RateRule(kind, limit))
+        return rules
 
     def _kind_limits(self, kinds: Sequence[str]) -> list[KindLimit]:
         held = self.runs.held_kinds()

@@ -140,7 +140,7 @@ class Handlers:
         db.connections.close_all()
 
     def _run_sync(self, execution: Execution) -> None:
-        if not self.runs.start(execution):
+        if self._late_for_its_rate_limit(execution) or not self.runs.start(execution):
             return  # released meanwhile
         self._started(execution)
         db.close_old_connections()
@@ -165,7 +165,7 @@ class Handlers:
 
     async def _run_async(self, execution: Execution) -> None:
         try:
-            if not self.runs.start(execution):
+            if self._late_for_its_rate_limit(execution) or not self.runs.start(execution):
                 return
             await self._check_async_connections()
             self._started(execution)
@@ -189,6 +189,20 @@ class Handlers:
             return
         self.async_connections_checked = True
         await sync_to_async(close_broken_connections, thread_sensitive=True)()
+
+    def _late_for_its_rate_limit(self, execution: Execution) -> bool:
+        """A rate-limited job whose handler would start past its claim's guard is handed
+        back (see `rate_limits.py`); True if it was."""
+        job = execution.job
+        try:
+            limit = registry.get(job.kind).rate_limit
+        except UnknownKind:
+            return False
+        if limit is None or not limit.started_too_late(job.claim_sent, time.monotonic()):
+            return False
+        if self.runs.end(execution):
+            self.release([execution], reason="would start too late for its rate limit")
+        return True
 
     # ------------------------------------------------------------ verdicts
 

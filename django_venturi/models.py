@@ -126,6 +126,7 @@ class Job(models.Model):
             ("retry_job", "Can retry jobs now (admin action)"),
             ("cancel_job", "Can cancel jobs (admin action)"),
             ("cleanup_jobs", "Can clean up finished jobs (admin page)"),
+            ("pause_queues", "Can pause and resume queues and kinds (admin stats page)"),
         ]
 
     def __str__(self) -> str:
@@ -246,6 +247,58 @@ class RunTally(models.Model):
 
     def __str__(self) -> str:
         return f"runs of {self.minute.isoformat()}"
+
+
+class Pause(models.Model):
+    """A queue or a kind that workers do not claim from (see `pauses.py`).
+
+    A row, not worker state: a pause outlives worker restarts and deploys, and
+    every worker on every host sees it at its next claim.
+    """
+
+    QUEUE = "queue"
+    KIND = "kind"
+
+    scope = models.CharField(
+        max_length=8, choices=[(QUEUE, "queue"), (KIND, "kind")], help_text="What is paused."
+    )
+    name = models.CharField(max_length=200, help_text="The queue's or the kind's name.")
+    paused_by = models.CharField(
+        max_length=200, help_text='Who paused it: an admin user\'s name, or "api".'
+    )
+    paused_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["scope", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "name"], name="venturi_pause_scope_name_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.name} (paused by {self.paused_by})"
+
+
+class RateStart(models.Model):
+    """One start of a rate-limited kind, written by the claim that started it.
+
+    The claim counts these rows within the limit's window; rows older than every
+    window are deleted by later claims.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=200)
+    key = models.TextField(
+        blank=True, default="", help_text="The limited payload field's value; empty: the kind's."
+    )
+    started_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["kind", "key", "started_at"], name="venturi_ratestart_window_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}[{self.key}] @ {self.started_at.isoformat()}"
 
 
 class PeriodicTask(Job):

@@ -12,6 +12,7 @@ from django.apps import apps
 
 from django_venturi import codec
 from django_venturi.backoff import Fibonacci
+from django_venturi.rate_limits import RateLimit
 from django_venturi.states import Priority
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -61,6 +62,8 @@ class TaskSpec:
     carry: Any
     timeout: timedelta | None = None
     """How long one run may take before it is asked to stop (see worker timeouts)."""
+    rate_limit: RateLimit | None = None
+    """At most so many starts per window, across all workers (see `rate_limits.py`)."""
 
     @property
     def is_async(self) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django_venturi.claim import ClaimedJob, RunKey
 from django_venturi.execution import Execution
@@ -70,6 +70,14 @@ class Runs:
             waiting = list(self._queued.values())
             self._queued.clear()
             return waiting
+
+    def take_queued_where(self, wanted: Callable[[Execution], bool]) -> list[Execution]:
+        """The runs not started yet that `wanted` picks (to release them)."""
+        with self._lock:
+            picked = [execution for execution in self._queued.values() if wanted(execution)]
+            for execution in picked:
+                del self._queued[execution.job.run_key]
+            return picked
 
     def take_executing(self) -> list[Execution]:
         """Every run whose handler is still inside (to release them)."""

@@ -12,6 +12,7 @@ from django.db import transaction
 
 from django_venturi.backoff import Fibonacci
 from django_venturi.conf import venturi_settings
+from django_venturi.rate_limits import RateLimit
 from django_venturi.registry import (
     MAX_KIND_LENGTH,
     MAX_QUEUE_LENGTH,
@@ -114,6 +115,7 @@ def task(
     concurrency: int | None = None,
     carry: Any = None,
     timeout: timedelta | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> Callable[[T], T]: ...
 
 
@@ -131,6 +133,7 @@ def task(
     concurrency: int | None = None,
     carry: Any = None,
     timeout: timedelta | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> T | Callable[[T], T]:
     """Register a dataclass with a `handle(self, ctx)` method as a task.
 
@@ -152,6 +155,7 @@ def task(
             concurrency=concurrency,
             carry=carry,
             timeout=timeout,
+            rate_limit=rate_limit,
         )
         for name in _ENQUEUE_METHODS:
             if not hasattr(target, name):
@@ -193,6 +197,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
             raise RegistrationError(f"{name}: {field} must be a positive timedelta, got {value!r}")
     if not isinstance(options["priority"], int) or options["priority"] not in Priority.values:
         raise RegistrationError(f"{name}: priority must be a venturi.Priority")
+    _check_rate_limit(target, name, options["rate_limit"])
     return TaskSpec(
         cls=target,
         kind=kind,
@@ -205,7 +210,24 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
         concurrency=options["concurrency"],
         carry=options["carry"],
         timeout=options["timeout"],
+        rate_limit=options["rate_limit"],
     )
+
+
+def _check_rate_limit(target: type, name: str, rate_limit: object) -> None:
+    if rate_limit is None:
+        return
+    if not isinstance(rate_limit, RateLimit):
+        raise RegistrationError(
+            f"{name}: rate_limit must be a venturi.RateLimit(N, per=timedelta(...)), "
+            f"got {rate_limit!r}"
+        )
+    fields = {field.name for field in dataclasses.fields(target)}
+    if rate_limit.key is not None and rate_limit.key not in fields:
+        raise RegistrationError(
+            f"{name}: rate_limit key {rate_limit.key!r} is not a field of the payload "
+            f"(fields: {', '.join(sorted(fields)) or 'none'})"
+        )
 
 
 def _check_positive(name: str, field: str, value: object) -> None:

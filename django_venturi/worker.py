@@ -44,6 +44,8 @@ from django_venturi.execution import Execution
 from django_venturi.handlers import Handlers
 from django_venturi.heartbeats import Heartbeat
 from django_venturi.listener import Listener
+from django_venturi.pause_watch import PauseWatch
+from django_venturi.pauses import pause_channel
 from django_venturi.registry import registry
 from django_venturi.results import ResultsWriter
 from django_venturi.run_events import RunEvents
@@ -149,6 +151,13 @@ class Worker:
                 alias=self.database, worker=self.name, queues=self.queues
             ),
         )
+        listening = connections[self.database].vendor == "postgresql"
+        self.pause_watch = PauseWatch(
+            alias=self.database,
+            runs=self.runs,
+            handlers=self.handlers,
+            every=None if listening else self.poll_interval,
+        )
         self.claimer = Claimer(
             worker=self.name,
             alias=self.database,
@@ -165,6 +174,7 @@ class Worker:
             wake=self._wake,
             make_execution=self._execution,
             service_died=self._service_died,
+            pause_watch=self.pause_watch,
         )
         self._services: list[Service] = [self.results, self.heartbeat]
         self._listener: Listener | None = None
@@ -278,6 +288,7 @@ class Worker:
                 channels={
                     venturi_settings.NOTIFY_CHANNEL: lambda payload: self._wake.set(),
                     cancel_channel(): self._on_cancel_notify,
+                    pause_channel(): self._on_pause_notify,
                 },
             )
             self._listener.start()
@@ -378,6 +389,11 @@ class Worker:
             self._service_died()
 
     # ------------------------------------------------------------ cancel
+
+    def _on_pause_notify(self, payload: str | None) -> None:
+        """A pause or resume (or None after the listener reconnected): look at once."""
+        self.pause_watch.changed()
+        self._wake.set()
 
     def _on_cancel_notify(self, payload: str | None) -> None:
         """A cancel NOTIFY (job ids), or None after the listener (re)connected."""

@@ -119,6 +119,7 @@ VENTURI = {
         "tests.testapp.control_tasks",
         "tests.testapp.hardening_tasks",
         "tests.testapp.text_tasks",
+        "tests.testapp.flow_tasks",
         *DOCS_EXAMPLE_TASK_MODULES,
     ],
     "POLL_INTERVAL": 0.2,

@@ -1,0 +1,278 @@
+"""Rate limits: at most N starts per window, per kind or per key, counted by the database."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+import django_venturi as venturi
+from django_venturi import completion, verdicts
+from django_venturi.claim import ClaimedJob, ClaimRequest, claim, seconds_until_next_due
+from django_venturi.models import Job, RateStart
+from django_venturi.rate_limits import RateLimit, RateRule, key_value, next_opening
+from django_venturi.registry import RegistrationError, registry
+from django_venturi.scheduling import TierClock
+from tests.conftest import Workers, wait_until
+from tests.testapp.flow_tasks import Rated, RatedFifty, RatedPerAccount, RatedPerSecond
+from tests.testapp.models import Record
+from tests.testapp.tasks import Noop
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+RATED = registry.get("tests.rated").rate_limit
+assert RATED is not None
+
+
+def request(
+    *kinds: str, limit: int = 50, rate_room: int | None = None, worker: str = "w1"
+) -> ClaimRequest:
+    chosen = list(kinds)
+    rates = [
+        RateRule(kind, spec.rate_limit)
+        for kind in chosen
+        if (spec := registry.get(kind)).rate_limit is not None
+    ]
+    return ClaimRequest(
+        worker=worker,
+        limit=limit,
+        kinds=chosen,
+        leases=[timedelta(minutes=5)] * len(chosen),
+        queues=None,
+        rates=rates,
+        rate_room=rate_room,
+    )
+
+
+def take(alias: str, claim_request: ClaimRequest) -> list[ClaimedJob]:
+    return claim(alias, claim_request, TierClock((6, 3, 1)))
+
+
+def kinds_of(jobs: list[ClaimedJob]) -> list[str]:
+    return sorted(job.kind for job in jobs)
+
+
+# ---------------------------------------------------------------- declaring a limit
+
+
+def test_a_limit_must_be_positive_and_a_key_must_be_a_payload_field() -> None:
+    with pytest.raises(ValueError, match="limit must be a positive int"):
+        RateLimit(0, per=timedelta(seconds=1))
+    with pytest.raises(ValueError, match="per must be a positive timedelta"):
+        RateLimit(5, per=timedelta(0))
+    with pytest.raises(RegistrationError, match="rate_limit key 'acount' is not a field"):
+
+        @venturi.task(
+            kind="tests.bad_rate_key",
+            rate_limit=RateLimit(5, per=timedelta(seconds=1), key="acount"),
+        )
+        @dataclasses.dataclass
+        class BadKey:
+            account: str
+
+            def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+                return venturi.Outcome.completed()
+
+    with pytest.raises(RegistrationError, match=r"rate_limit must be a venturi\.RateLimit"):
+
+        @venturi.task(kind="tests.bad_rate", rate_limit=50)  # type: ignore[arg-type]
+        @dataclasses.dataclass
+        class NotALimit:
+            def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+                return venturi.Outcome.completed()
+
+    assert "tests.bad_rate_key" not in registry.kinds()
+
+
+def test_a_key_counts_as_postgresql_writes_the_field_as_text() -> None:
+    limit = RateLimit(1, per=timedelta(seconds=1), key="account")
+    assert key_value(limit, {"account": "acme"}) == "acme"
+    assert key_value(limit, {"account": 42}) == "42"
+    assert key_value(limit, {"account": None}) == ""
+    assert key_value(RateLimit(1, per=timedelta(seconds=1)), {"account": "acme"}) == ""
+
+
+def test_the_next_opening_is_when_the_oldest_start_over_the_limit_leaves_the_window() -> None:
+    limit = RateLimit(2, per=timedelta(seconds=1))
+    window = timedelta(seconds=limit.window_seconds)
+    now = timezone.now()
+    starts = [now - timedelta(milliseconds=900), now - timedelta(milliseconds=100)]
+    assert next_opening(starts, limit, now) == starts[0] + window
+    assert next_opening(starts[1:], limit, now) is None
+
+
+# ---------------------------------------------------------------- the claim
+
+
+def test_a_claim_starts_no_more_than_the_limit_and_takes_other_kinds_beside(alias: str) -> None:
+    venturi.enqueue_many([Rated(n=i) for i in range(12)], using=alias)
+    venturi.enqueue_many([Noop(n=i) for i in range(4)], using=alias)
+    claimed = take(alias, request("tests.rated", "tests.noop"))
+    assert kinds_of(claimed) == ["tests.noop"] * 4 + ["tests.rated"] * 5
+    assert take(alias, request("tests.rated", "tests.noop")) == []
+    assert RateStart.objects.using(alias).filter(kind="tests.rated").count() == 5
+
+
+def test_an_exhausted_kind_does_not_crowd_out_others_behind_it(alias: str) -> None:
+    venturi.enqueue_many([Rated(n=i) for i in range(30)], using=alias)
+    take(alias, request("tests.rated", "tests.noop"))
+    venturi.enqueue_many([Noop(n=i) for i in range(3)], using=alias)
+    # The 25 limited jobs ahead in the queue fill no part of a claim of 3.
+    assert (
+        kinds_of(take(alias, request("tests.rated", "tests.noop", limit=3))) == ["tests.noop"] * 3
+    )
+
+
+def test_the_window_slides_and_the_claimer_knows_when_room_opens(alias: str) -> None:
+    venturi.enqueue_many([Rated(n=i) for i in range(8)], using=alias)
+    assert len(take(alias, request("tests.rated"))) == 5
+    wait = seconds_until_next_due(alias, request("tests.rated"))
+    assert wait is not None and 0.25 < wait <= RATED.window_seconds
+    time.sleep(max(0.0, wait - 0.15))
+    assert take(alias, request("tests.rated")) == []
+    time.sleep(0.2)
+    assert len(take(alias, request("tests.rated"))) == 3
+
+
+def test_each_key_has_its_own_limit_and_full_keys_wait_out_of_the_way(alias: str) -> None:
+    venturi.enqueue_many([RatedPerAccount(account="a", n=i) for i in range(10)], using=alias)
+    venturi.enqueue_many([RatedPerAccount(account="b", n=i) for i in range(2)], using=alias)
+    first = take(alias, request("tests.rated_per_account"))
+    assert sorted(job.payload["account"] for job in first) == ["a"] * 3 + ["b"] * 2
+    venturi.enqueue_many([RatedPerAccount(account="c", n=i) for i in range(5)], using=alias)
+    # Seven jobs of the full key "a" come first in the queue; a claim of 2 still finds "c".
+    second = take(alias, request("tests.rated_per_account", limit=2))
+    assert [job.payload["account"] for job in second] == ["c", "c"]
+
+
+def test_limited_jobs_take_only_the_idle_handler_slots(alias: str) -> None:
+    venturi.enqueue_many([Rated(n=i) for i in range(5)], using=alias)
+    venturi.enqueue_many([Noop(n=i) for i in range(5)], using=alias)
+    claimed = take(alias, request("tests.rated", "tests.noop", rate_room=2))
+    assert kinds_of(claimed) == ["tests.noop"] * 5 + ["tests.rated"] * 2
+    assert kinds_of(take(alias, request("tests.rated", rate_room=0))) == []
+
+
+def test_a_retry_counts_as_a_start(alias: str) -> None:
+    venturi.enqueue_many([Rated(n=i, fail_first=True) for i in range(5)], using=alias)
+    claimed = take(alias, request("tests.rated"))
+    spec = registry.get("tests.rated")
+    error = verdicts.ErrorInfo.from_reason("again", type="Retry")
+    completion.write_verdicts(alias, "w1", [verdicts.retry(job, spec, error) for job in claimed])
+    assert Job.objects.using(alias).filter(state=venturi.State.READY).count() == 5
+    assert take(alias, request("tests.rated")) == []
+    wait = seconds_until_next_due(alias, request("tests.rated"))
+    assert wait is not None
+    time.sleep(wait + 0.02)
+    assert len(take(alias, request("tests.rated"))) == 5
+
+
+def test_concurrent_claims_never_start_more_than_the_limit() -> None:
+    """Eight claimers race on PostgreSQL for 1.5 s; the ledger shows every start."""
+    venturi.enqueue_many([Rated(n=i) for i in range(200)])
+    starts: list[float] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + 1.5
+
+    def claimer(index: int) -> None:
+        try:
+            while time.monotonic() < deadline:
+                claimed = take("default", request("tests.rated", worker=f"w{index}"))
+                now = time.monotonic()
+                with lock:
+                    starts.extend(now for _ in claimed)
+                time.sleep(0.005)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # 1.5 s of windows of 0.42 s: the first five at once, then five per window.
+    assert 10 <= len(starts) <= 20
+    assert_at_most_per_window(sorted(starts), RATED.limit, RATED.per.total_seconds())
+
+
+def assert_at_most_per_window(starts: list[float], limit: int, per: float) -> None:
+    """In every window of `per` seconds at most `limit` of `starts` (sorted)."""
+    for index in range(len(starts) - limit):
+        gap = starts[index + limit] - starts[index]
+        assert gap >= per, (
+            f"{limit + 1} starts within {gap:.3f} s (limit {limit} per {per} s): "
+            f"{starts[index : index + limit + 1]}"
+        )
+
+
+# ---------------------------------------------------------------- real workers
+
+
+def handler_starts(kind: str, **where: object) -> list[float]:
+    values = Record.objects.filter(kind=kind).values_list("value", flat=True)
+    return sorted(
+        value["start"]
+        for value in values
+        if all(value.get(field) == wanted for field, wanted in where.items())
+    )
+
+
+def test_workers_on_several_processes_keep_the_limit_from_the_handlers_view(
+    workers: Workers,
+) -> None:
+    """4 workers, 120 jobs limited to 30 a second: never 31 starts within a second."""
+    venturi.enqueue_many([RatedPerSecond(n=i) for i in range(120)])
+    for _ in range(4):
+        workers.start("default", "--concurrency", "8", "--queues", "default")
+    wait_until(
+        lambda: Job.objects.filter(state=venturi.State.COMPLETED).count() == 120,
+        timeout=60,
+        message="120 rated jobs to complete",
+    )
+    starts = handler_starts("rated_per_second")
+    assert_at_most_per_window(starts, 30, 1.0)
+    # Four windows at least separate the first start from the last; no time is lost either.
+    assert len(starts) == 120
+    assert 3.0 <= starts[-1] - starts[0] <= 6.0
+    assert not Job.objects.filter(failures__gt=0).exists()
+
+
+def test_workers_keep_a_limit_per_key(workers: Workers) -> None:
+    venturi.enqueue_many(
+        [RatedPerAccount(account=account, n=i) for i in range(6) for account in "xyz"]
+    )
+    for _ in range(2):
+        workers.start("default", "--concurrency", "4")
+    wait_until(
+        lambda: Record.objects.filter(kind="rated_per_account").count() == 18,
+        timeout=60,
+        message="18 jobs per account to run",
+    )
+    for account in "xyz":
+        starts = handler_starts("rated_per_account", account=account)
+        assert len(starts) == 6
+        assert_at_most_per_window(starts, 3, 1.0)
+    everyone = handler_starts("rated_per_account")
+    # Three accounts run side by side: the keys do not share one limit.
+    assert everyone[8] - everyone[0] < 1.0
+
+
+@pytest.mark.thorough
+def test_eight_workers_start_a_thousand_jobs_at_fifty_a_second(workers: Workers) -> None:
+    """The issue's own figures: 8 workers x concurrency 8, 1,000 jobs at 50/s: about 20 s."""
+    venturi.enqueue_many([RatedFifty(n=i) for i in range(1000)])
+    for _ in range(8):
+        workers.start("default", "--concurrency", "8", "-v", "0")
+    wait_until(
+        lambda: Record.objects.filter(kind="rated_fifty").count() == 1000,
+        timeout=120,
+        message="1,000 rated jobs to run",
+    )
+    starts = handler_starts("rated_fifty")
+    assert_at_most_per_window(starts, 50, 1.0)
+    assert 18.0 <= starts[-1] - starts[0] <= 22.0
