@@ -47,7 +47,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import smart_split, unescape_string_literal
 
-from django_venturi import codec, registration, tallies, text
+from django_venturi import codec, pause_admin, registration, tallies, text
 from django_venturi.cancel import cancel
 from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job, JournalEntry
@@ -761,6 +761,8 @@ class JobAdmin(JobAdminBase):
 
         return [
             view(self.stats_view, "stats"),
+            view(lambda request: pause_admin.answer(request, resuming=False), "pause"),
+            view(lambda request: pause_admin.answer(request, resuming=True), "resume"),
             view(self.cleanup_view, "cleanup"),
             button(RETRY),
             button(CANCEL),
@@ -842,6 +844,7 @@ class JobAdmin(JobAdminBase):
             "stale_after": short_age(registration.stale_after()),
             "last_hour_rows": last_hour_by_kind(venturi_settings.DATABASE, snapshot),
             "refresh": refresh_seconds(request),
+            **pause_admin.pause_context(request, snapshot),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/django_venturi/job/stats.html", context)

@@ -35,6 +35,10 @@ class Paused:
     def describe(self) -> str:
         return f"{self.scope} {self.name}"
 
+    def as_dict(self) -> dict[str, str]:
+        """Plain JSON-ready data."""
+        return {**dataclasses.asdict(self), "paused_at": self.paused_at.isoformat()}
+
 
 def pause_channel() -> str:
     """The PostgreSQL channel that tells workers a pause or resume happened."""

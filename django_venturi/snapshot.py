@@ -14,10 +14,12 @@ from typing import Any
 
 from django.db.models import Count, Min
 
-from django_venturi import registration, tallies
+from django_venturi import rate_limit_stats, registration, tallies
 from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
 from django_venturi.orphan_kinds import OrphanKind, find_orphan_kinds
+from django_venturi.pauses import Paused, paused
+from django_venturi.rate_limit_stats import RateLimitUse
 from django_venturi.states import State
 
 WINDOW = tallies.WINDOW
@@ -105,6 +107,10 @@ class Stats:
     """Worker processes not stopped, newest first; stale ones included and marked."""
     orphan_kinds: list[OrphanKind] = dataclasses.field(default_factory=list)
     """Due jobs that no live worker can run, by kind and queue (see `orphan_kinds.py`)."""
+    rate_limits: list[RateLimitUse] = dataclasses.field(default_factory=list)
+    """Each rate-limited kind this process knows: its use now and its due jobs."""
+    pauses: list[Paused] = dataclasses.field(default_factory=list)
+    """Paused queues and kinds, with who paused them and when."""
 
     @property
     def stale_workers(self) -> list[LiveWorker]:
@@ -178,6 +184,8 @@ class Stats:
             "progress": [dataclasses.asdict(item) for item in self.progress],
             "workers": [worker.as_dict() for worker in self.workers],
             "orphan_kinds": [orphan.as_dict() for orphan in self.orphan_kinds],
+            "rate_limits": [use.as_dict() for use in self.rate_limits],
+            "pauses": [pause.as_dict() for pause in self.pauses],
         }
 
 
@@ -217,6 +225,8 @@ def stats(*, using: str | None = None, stale_after: timedelta | None = None) -> 
         progress=_progress(alias),
         workers=_workers(alias, now, stale_after),
         orphan_kinds=find_orphan_kinds(alias, now=now, stale_after=stale_after),
+        rate_limits=rate_limit_stats.usage(alias, now),
+        pauses=paused(using=alias),
     )
 
 

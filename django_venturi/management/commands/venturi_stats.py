@@ -150,6 +150,17 @@ def render(snapshot: Stats) -> str:
             f"{(snapshot.taken_at - worker.heartbeat_at).total_seconds():.0f} s ago"
             + (" STALE" if worker.stale else "")
         )
+    for pause in snapshot.pauses:
+        lines.append(
+            f"paused {pause.describe()} by {pause.paused_by} at "
+            f"{pause.paused_at:%Y-%m-%d %H:%M:%S %Z}: no new claims"
+        )
+    for use in snapshot.rate_limits:
+        keyed = f", {use.keys_at_limit} at the limit" if use.keys_at_limit else ""
+        lines.append(
+            f"rate limit {use.kind}: {use.limit}; {use.used} started in the window{keyed}; "
+            f"{use.waiting} due waiting"
+        )
     if snapshot.orphan_kinds:
         lines.append(f"due jobs that no live worker can run (causes: {ORPHAN_CAUSES}):")
     for orphan in snapshot.orphan_kinds:
