@@ -688,8 +688,8 @@ WITH RECURSIVE served(queue) AS ({served}),
 {paused},
 {slots},
 {rates},
--- When each kind or key at its rate limit has room again: when its
--- limit-th newest start leaves the window.
+-- When each kind or key at its rate limit, with due jobs waiting on it, has room
+-- again: when its limit-th newest start leaves the window.
 openings(at) AS (
     SELECT (array_agg(counted.started_at ORDER BY counted.started_at DESC))[min(rates.cap)]
            + make_interval(secs => min(rates.seconds))
@@ -697,32 +697,53 @@ openings(at) AS (
     JOIN rates ON rates.kind = exhausted.kind
     JOIN {ledger} AS counted ON counted.kind = exhausted.kind AND counted.key = exhausted.key
     WHERE counted.started_at > (SELECT at FROM clock) - make_interval(secs => rates.seconds)
+      AND exhausted.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+      AND EXISTS (
+        SELECT 1 FROM {table} AS waiting
+        WHERE waiting.state = 'ready' AND waiting.kind = exhausted.kind
+          AND waiting.run_at <= now()
+          AND (rates.field IS NULL
+               OR coalesce(waiting.payload ->> rates.field, '') = exhausted.key))
     GROUP BY exhausted.kind, exhausted.key
 )
-SELECT extract(epoch FROM least(
-    (SELECT min(upcoming.run_at)
-     FROM slots
-     CROSS JOIN LATERAL (
-        SELECT run_at FROM {table}
-        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-          AND rank = slots.rank AND run_at > now()
-          AND (kind = ANY(%(kinds)s::text[]) OR starts_with(kind, %(kind_prefix)s::text))
-        ORDER BY run_at
-        LIMIT 1
-     ) AS upcoming),
-    (SELECT min(at) FROM openings)
-) - (SELECT at FROM clock))
+SELECT
+    extract(epoch FROM
+        (SELECT min(upcoming.run_at)
+         FROM slots
+         CROSS JOIN LATERAL (
+            SELECT run_at FROM {table}
+            WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+              AND rank = slots.rank AND run_at > now()
+              AND (kind = ANY(%(kinds)s::text[]) OR starts_with(kind, %(kind_prefix)s::text))
+            ORDER BY run_at
+            LIMIT 1
+         ) AS upcoming) - (SELECT at FROM clock)),
+    extract(epoch FROM (SELECT min(at) FROM openings) - (SELECT at FROM clock))
 """
 
 
-def seconds_until_next_due(alias: str, request: ClaimRequest) -> float | None:
-    """How long until a job scheduled in the future becomes due, or a rate-limited kind
-    (or key) has room again, whichever comes first; None if neither is waited for."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Upcoming:
+    """What an idle claimer waits for, in seconds from now (None: nothing)."""
+
+    scheduled: float | None
+    """The earliest job scheduled in the future becomes due."""
+    rate_opening: float | None
+    """A rate-limited kind (or key) with due jobs waiting on it has room again."""
+
+    @property
+    def soonest(self) -> float | None:
+        known = [seconds for seconds in (self.scheduled, self.rate_opening) if seconds is not None]
+        return min(known, default=None)
+
+
+def upcoming(alias: str, request: ClaimRequest) -> Upcoming:
+    """When the next scheduled job becomes due, and when a rate limit has room again."""
     if not request.claims_some_kind():
-        return None
+        return Upcoming(None, None)
     connection = connections[alias]
     if connection.vendor != "postgresql":
-        return _seconds_until_next_due_orm(alias, request)
+        return _upcoming_orm(alias, request)
     sql = _NEXT_DUE_SQL.format(**_fragments(alias, request))
     params = {
         "queues": list(request.queues or []),
@@ -731,22 +752,46 @@ def seconds_until_next_due(alias: str, request: ClaimRequest) -> float | None:
         **_rate_params(request),
     }
     rows = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
-    row = rows[0] if rows else None
-    return None if row is None or row[0] is None else float(row[0])
+    scheduled, opening = rows[0] if rows else (None, None)
+    return Upcoming(
+        None if scheduled is None else float(scheduled),
+        None if opening is None else float(opening),
+    )
 
 
-def _seconds_until_next_due_orm(alias: str, request: ClaimRequest) -> float | None:
+def seconds_until_next_due(alias: str, request: ClaimRequest) -> float | None:
+    """How long until a job scheduled in the future becomes due, or a rate-limited kind
+    (or key) with due jobs has room again, whichever comes first; None if neither."""
+    return upcoming(alias, request).soonest
+
+
+def _upcoming_orm(alias: str, request: ClaimRequest) -> Upcoming:
     now = timezone.now()
-    upcoming = (
+    scheduled = (
         Job.objects.using(alias)
         .filter(state=State.READY, run_at__gt=now)
         .filter(_claimable_kinds(request.kinds, request.kind_prefix))
     )
     if request.queues is not None:
-        upcoming = upcoming.filter(queue__in=list(request.queues))
-    moments = [upcoming.aggregate(earliest=Min("run_at"))["earliest"]]
+        scheduled = scheduled.filter(queue__in=list(request.queues))
+    earliest = scheduled.aggregate(earliest=Min("run_at"))["earliest"]
+    _, paused_kinds = paused_names(alias)
+    openings = []
     for rule in request.rates:
-        for starts in _counted_starts(alias, rule, now).values():
-            moments.append(next_opening(starts, rule.limit, now))
-    known = [moment for moment in moments if moment is not None]
-    return None if not known else (min(known) - now).total_seconds()
+        if rule.kind in paused_kinds:
+            continue
+        waiting = {
+            key_value(rule.limit, payload)
+            for payload in Job.objects.using(alias)
+            .filter(state=State.READY, kind=rule.kind, run_at__lte=now)
+            .values_list("payload", flat=True)
+        }
+        for key, starts in _counted_starts(alias, rule, now).items():
+            opening = next_opening(starts, rule.limit, now)
+            if opening is not None and key in waiting:
+                openings.append(opening)
+    soonest = min(openings, default=None)
+    return Upcoming(
+        None if earliest is None else (earliest - now).total_seconds(),
+        None if soonest is None else (soonest - now).total_seconds(),
+    )

@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from django_venturi import leases
-from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim, seconds_until_next_due
+from django_venturi.claim import (
+    ClaimedJob,
+    ClaimRequest,
+    KindLimit,
+    claim,
+    seconds_until_next_due,
+    upcoming,
+)
 from django_venturi.conf import venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.handlers import Handlers
@@ -207,7 +214,20 @@ class Claimer:
         return capacity - busy - max(0, unwritten - UNWRITTEN_ALLOWANCE)
 
     def _confirm_nothing_due(self) -> bool:
-        """In burst mode: after the last verdicts are written, is anything due?"""
+        """In burst mode: after the last verdicts are written, is anything due?
+
+        Due jobs held back by a rate limit count: the worker waits for the window
+        to open and runs them (jobs of paused queues and kinds do not count)."""
         free = self._capacity() - self.runs.busy()
         claimed = self._claim(free)
-        return claimed is not None and not claimed and self.runs.idle()
+        if claimed is None or claimed or not self.runs.idle():
+            return False
+        waiting = self._guarded(
+            lambda: upcoming(self.alias, self._request(1)), "looking for rate-limited jobs"
+        )
+        if waiting is None:
+            return False
+        if waiting.rate_opening is not None:
+            self._stop.wait(max(waiting.rate_opening, 0.005))
+            return False
+        return True

@@ -98,6 +98,7 @@ DOCS_EXAMPLE_TASK_MODULES = [
         "enqueueing",
         "outcomes",
         "scheduling",
+        "flow_control",
         "dedup",
         "long_running",
     )

@@ -39,6 +39,7 @@ from docs.examples import (
     admin_groups,
     dedup,
     enqueueing,
+    flow_control,
     long_running,
     outcomes,
     payloads,
@@ -171,6 +172,29 @@ def test_a_paused_export_resumes_from_its_carry(workers: Workers) -> None:
     assert job.state == venturi.State.COMPLETED, job.last_error
     assert journal(job) == ["paused", "paused", "paused", "completed"]
     assert job.failures == 0 and job.carry["exported"] == 5
+
+
+def test_rate_limits_and_pausing(workers: Workers) -> None:
+    acme = [
+        flow_control.ChargeAccount(account_id="acme", amount_cents=n).enqueue() for n in range(7)
+    ]
+    globex = flow_control.ChargeAccount(account_id="globex", amount_cents=1).enqueue()
+    flow_control.partner_outage_started()
+    assert flow_control.what_is_paused() == ["kind docs.charge_account by on-call"]
+    workers.burst("default")  # nothing of a paused kind is claimed: the burst ends at once
+    assert set(Job.objects.values_list("state", flat=True)) == {venturi.State.READY}
+
+    flow_control.partner_outage_over()
+    assert flow_control.what_is_paused() == []
+    # acme's limit is 5 a second: a burst worker waits for the window, then runs the rest.
+    workers.burst("default")
+    jobs = Job.objects.filter(pk__in=[job.pk for job in [*acme, globex]])
+    assert set(jobs.values_list("state", flat=True)) == {venturi.State.COMPLETED}
+    assert not jobs.filter(failures__gt=0).exists()
+    starts = sorted(
+        Job.objects.filter(pk__in=[job.pk for job in acme]).values_list("started_at", flat=True)
+    )
+    assert starts[5] - starts[0] >= timedelta(seconds=1)
 
 
 def test_queues_priorities_delays(workers: Workers) -> None:
