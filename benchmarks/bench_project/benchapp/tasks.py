@@ -2,14 +2,20 @@
 
 SinkJob: an int payload, a handler that appends (i, time) to the sink (W1-W3).
 CountJob: a keyed task whose clashes add up their `count` (W7, dedup under contention).
+LimitedJob: a rate-limited kind, registered only when VENTURI_BENCH_RATE_LIMITED is set
+(benchmarks/flow_control.py: a plain drain with and without a limited kind present).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from datetime import timedelta
 
 import django_venturi as venturi
 from benchmarks import sink
+
+RATE_LIMITED_ENV = "VENTURI_BENCH_RATE_LIMITED"
 
 
 @venturi.task(kind="bench.sink")
@@ -37,3 +43,16 @@ class CountJob(venturi.Task):
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         return venturi.Outcome.completed()
+
+
+if os.environ.get(RATE_LIMITED_ENV):
+
+    @venturi.task(kind="bench.limited", rate_limit=venturi.RateLimit(10, per=timedelta(seconds=1)))
+    @dataclasses.dataclass
+    class LimitedJob(venturi.Task):
+        """A rate-limited kind beside the drain (benchmarks/flow_control.py)."""
+
+        i: int
+
+        def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+            return venturi.Outcome.completed()

@@ -1,0 +1,164 @@
+"""Flow control's cost to everyone else: a plain drain with and without a rate-limited
+kind, and with and without a paused queue, present in the same database.
+
+    python benchmarks/flow_control.py               # N = 10,000, 3 rounds
+    python benchmarks/flow_control.py --n 2000 --rounds 1
+
+Each round runs every variant once, in turn, each in a fresh database: N no-op
+`bench.sink` jobs drained by one `venturi_worker --concurrency 32 -v 0`.
+  plain     nothing else;
+  limited   `bench.limited` (10 a second) registered, 200 of its jobs in the same queue;
+  paused    a paused queue holding 200 jobs.
+It prints, per variant, the median steady drain rate (from the handlers' own
+timestamps, the 10th to the last job) and the transactions the database
+committed per job during the drain: flow control must add no query per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+SETTINGS = "benchmarks.bench_project.settings"
+DBNAME = "venturi_bench_flow"
+VARIANTS = ("plain", "limited", "paused")
+EXTRA_JOBS = 200
+
+
+def admin_dsn(dbname: str = "postgres") -> str:
+    return psycopg.conninfo.make_conninfo(
+        host=os.environ.get("VENTURI_BENCH_HOST", "127.0.0.1"),
+        port=os.environ.get("VENTURI_BENCH_PORT", "5432"),
+        user=os.environ.get("VENTURI_BENCH_USER", "postgres"),
+        dbname=dbname,
+    )
+
+
+def env(sink: Path | None = None, *, limited: bool = False) -> dict[str, str]:
+    values = dict(os.environ)
+    values["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), values.get("PYTHONPATH", "")])
+    values["VENTURI_BENCH_DB"] = DBNAME
+    values["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    values.pop("VENTURI_BENCH_RATE_LIMITED", None)
+    if limited:
+        values["VENTURI_BENCH_RATE_LIMITED"] = "1"
+    if sink is not None:
+        values["VENTURI_BENCH_SINK"] = str(sink)
+    return values
+
+
+def fresh_database() -> None:
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DBNAME}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DBNAME}"')
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "-v", "0"], env=env(), check=True, cwd=REPO_ROOT
+    )
+
+
+def produce(variant: str, n: int) -> None:
+    """Run in a child process with Django set up: enqueue the variant's backlog."""
+    import django
+
+    django.setup()
+    import django_venturi as venturi
+    from benchmarks.bench_project.benchapp import tasks
+
+    for start in range(0, n, 1000):
+        venturi.enqueue_many([tasks.SinkJob(i=i) for i in range(start, min(n, start + 1000))])
+    if variant == "limited":
+        venturi.enqueue_many([tasks.LimitedJob(i=i) for i in range(EXTRA_JOBS)])  # type: ignore[attr-defined]
+    if variant == "paused":
+        venturi.pause(queue="held")
+        venturi.enqueue_many([tasks.SinkJob(i=n + i) for i in range(EXTRA_JOBS)], queue="held")
+
+
+def committed() -> int:
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [DBNAME]
+        ).fetchone()
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+    assert row is not None
+    return int(row[0])
+
+
+def drain(variant: str, n: int) -> tuple[float, float]:
+    """One variant once: (steady jobs per second, transactions committed per job)."""
+    fresh_database()
+    subprocess.run(
+        [sys.executable, str(Path(__file__)), "produce", variant, str(n)],
+        env=env(limited=variant == "limited"),
+        check=True,
+        cwd=REPO_ROOT,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        sink = Path(tmp) / "sink"
+        time.sleep(0.6)  # the statistics collector's view of the database settles
+        before = committed()
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "django", "venturi_worker", "--concurrency", "32", "-v", "0"],
+            env=env(sink, limited=variant == "limited"),
+            cwd=REPO_ROOT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not sink.exists() or sink.stat().st_size < 27 * n:
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError(f"{variant}: the drain did not finish")
+                time.sleep(0.01)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+        time.sleep(0.6)
+        after = committed()
+        times = sorted(float(line.split()[1]) for line in sink.read_text().splitlines()[:n])
+    first = n // 10
+    rate = (n - 1 - first) / (times[-1] - times[first])
+    return rate, (after - before) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args()
+    results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in VARIANTS}
+    for round_number in range(options.rounds):
+        for variant in VARIANTS:
+            results[variant].append(drain(variant, options.n))
+            rate, per_job = results[variant][-1]
+            print(
+                f"round {round_number + 1} {variant}: {rate:,.0f} jobs/s, "
+                f"{per_job:.3f} transactions per job",
+                file=sys.stderr,
+            )
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DBNAME}" WITH (FORCE)')
+    plain = statistics.median(rate for rate, _ in results["plain"])
+    print(
+        f"| variant ({options.n:,} jobs, median of {options.rounds}) | jobs/s | vs plain "
+        "| transactions per job |"
+    )
+    print("|---|---:|---:|---:|")
+    for variant in VARIANTS:
+        rate = statistics.median(rate for rate, _ in results[variant])
+        per_job = statistics.median(per_job for _, per_job in results[variant])
+        print(f"| {variant} | {rate:,.0f} | {rate / plain:.2f} | {per_job:.3f} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "produce":
+        produce(sys.argv[2], int(sys.argv[3]))
+    else:
+        main()
