@@ -380,8 +380,8 @@ chosen AS (
 ),
 -- Each start of a limited kind counts from now on; starts out of every window go.
 recorded AS (
-    INSERT INTO {ledger} (kind, key, started_at)
-    SELECT kind, rate_key, (SELECT at FROM clock) FROM chosen WHERE limited
+    INSERT INTO {ledger} (kind, key, started_at, job_id)
+    SELECT kind, rate_key, (SELECT at FROM clock), id FROM chosen WHERE limited
 ),
 forgotten AS (
     DELETE FROM {ledger} AS old USING rates
@@ -557,7 +557,7 @@ def _claim_orm(
         for _, _, job_id, kind, payload in sorted(candidates, key=lambda entry: entry[:3]):
             if len(chosen) == request.limit:
                 break
-            if room.get(kind, 1) < 1 or not rates.take(kind, payload):
+            if room.get(kind, 1) < 1 or not rates.take(job_id, kind, payload):
                 continue
             if kind in room:
                 room[kind] -= 1
@@ -623,7 +623,7 @@ class _RatesOrm:
             due = due.exclude(Q(kind=kind) & Q(**{f"{name}__in": full}))
         return due
 
-    def take(self, kind: str, payload: Any) -> bool:
+    def take(self, job_id: int, kind: str, payload: Any) -> bool:
         """Count one start of a job of `kind`; False if its limit has no room."""
         rule = self.rules.get(kind)
         if rule is None:
@@ -634,7 +634,7 @@ class _RatesOrm:
             return False
         self.room -= 1
         starts.append(self.now)
-        self.taken.append(RateStart(kind=kind, key=key, started_at=self.now))
+        self.taken.append(RateStart(kind=kind, key=key, started_at=self.now, job_id=job_id))
         return True
 
     def record(self) -> None:

@@ -27,9 +27,10 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 from django import db
 
-from django_venturi import signals, verdicts
+from django_venturi import rate_starts, signals, verdicts
 from django_venturi.conf import venturi_settings
 from django_venturi.execution import Execution
+from django_venturi.rate_limits import RateLimit
 from django_venturi.reconnect import close_broken_connections
 from django_venturi.registry import UnknownKind, registry
 from django_venturi.results import ResultsWriter
@@ -140,7 +141,10 @@ class Handlers:
         db.connections.close_all()
 
     def _run_sync(self, execution: Execution) -> None:
-        if self._late_for_its_rate_limit(execution) or not self.runs.start(execution):
+        limit = self._rate_limit(execution)
+        if limit is not None and not self._rate_limited_start(execution, limit):
+            return  # handed back
+        if not self.runs.start(execution):
             return  # released meanwhile
         self._started(execution)
         db.close_old_connections()
@@ -165,7 +169,12 @@ class Handlers:
 
     async def _run_async(self, execution: Execution) -> None:
         try:
-            if self._late_for_its_rate_limit(execution) or not self.runs.start(execution):
+            limit = self._rate_limit(execution)
+            if limit is not None:
+                limited_start = sync_to_async(self._rate_limited_start, thread_sensitive=True)
+                if not await limited_start(execution, limit):
+                    return
+            if not self.runs.start(execution):
                 return
             await self._check_async_connections()
             self._started(execution)
@@ -190,18 +199,26 @@ class Handlers:
         self.async_connections_checked = True
         await sync_to_async(close_broken_connections, thread_sensitive=True)()
 
-    def _late_for_its_rate_limit(self, execution: Execution) -> bool:
-        """A rate-limited job whose handler would start past its claim's guard is handed
-        back (see `rate_limits.py`); True if it was."""
-        job = execution.job
+    @staticmethod
+    def _rate_limit(execution: Execution) -> RateLimit | None:
         try:
-            limit = registry.get(job.kind).rate_limit
+            return registry.get(execution.job.kind).rate_limit
         except UnknownKind:
+            return None
+
+    def _rate_limited_start(self, execution: Execution, limit: RateLimit) -> bool:
+        """Just before a rate-limited job's handler: move its recorded start to now, or
+        hand it back if it is too late for that (see `rate_starts.py`). False if it must
+        not run."""
+        job = execution.job
+        if rate_starts.too_late(limit, job, time.monotonic()):
+            if self.runs.end(execution):
+                self.release([execution], reason="started too late to keep its rate limit")
             return False
-        if limit is None or not limit.started_too_late(job.claim_sent, time.monotonic()):
-            return False
-        if self.runs.end(execution):
-            self.release([execution], reason="would start too late for its rate limit")
+        try:
+            rate_starts.confirm(self.results.alias, job)
+        except db.Error as error:  # the run goes on: its claim's record still counts
+            logger.warning("job %d: could not record its start time: %s", job.id, error)
         return True
 
     # ------------------------------------------------------------ verdicts

@@ -282,7 +282,8 @@ class RateStart(models.Model):
     """One start of a rate-limited kind, written by the claim that started it.
 
     The claim counts these rows within the limit's window; rows older than every
-    window are deleted by later claims.
+    window are deleted by later claims. When the job's handler starts, its worker
+    moves `started_at` to that moment.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -290,11 +291,15 @@ class RateStart(models.Model):
     key = models.TextField(
         blank=True, default="", help_text="The limited payload field's value; empty: the kind's."
     )
-    started_at = models.DateTimeField()
+    started_at = models.DateTimeField(
+        help_text="The claim's time, then the handler's start (see `rate_starts.py`)."
+    )
+    job_id = models.BigIntegerField(help_text="The job that started.")
 
     class Meta:
         indexes = [
-            models.Index(fields=["kind", "key", "started_at"], name="venturi_ratestart_window_idx")
+            models.Index(fields=["kind", "key", "started_at"], name="venturi_ratestart_window_idx"),
+            models.Index(fields=["job_id"], name="venturi_ratestart_job_idx"),
         ]
 
     def __str__(self) -> str:

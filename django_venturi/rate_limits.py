@@ -7,12 +7,10 @@ the rows inside each limit's window before it chooses (`claim.py`). Claims of
 limited kinds take the claims' advisory lock first, so that no two claims count
 the same window at once: the limit is exact, not approximate.
 
-A start is counted for `per` plus a guard: a handler starts a few milliseconds
-after its claim, and without the guard two handlers whose starts were `per`
-apart in the database could start a little closer together. A limited job whose
-handler would start later than the guard after its claim statement was sent (a
-starved CPU) is handed back instead (`started_too_late`), so the limit holds as
-the handlers see it, not only in the database.
+Just before a limited job's handler starts, its worker moves the recorded
+start to that moment (`rate_starts.py`), so the limit holds as the handlers see
+it, not only in the database. A start is counted for `per` plus a small guard,
+which covers the moment between that move and the handler's first line.
 """
 
 from __future__ import annotations
@@ -23,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-GUARD = timedelta(milliseconds=100)
+GUARD = timedelta(milliseconds=50)
 """The most a start is counted beyond its window."""
-GUARD_SHARE = 0.1
+GUARD_SHARE = 0.05
 """...and never more than this share of the window."""
 
 
@@ -59,10 +57,6 @@ class RateLimit:
     def window_seconds(self) -> float:
         """How long one start counts against the limit, guard included."""
         return self.per.total_seconds() + self.guard_seconds
-
-    def started_too_late(self, claim_sent: float, now: float) -> bool:
-        """Whether a handler starting at `now` (monotonic) is past the guard of its claim."""
-        return now - claim_sent > self.guard_seconds
 
     def describe(self) -> str:
         """`50 per 1s`, `5 per 1s per account_id`."""

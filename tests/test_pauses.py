@@ -261,3 +261,19 @@ def test_a_paused_kind_waits_while_other_kinds_run(workers: Workers) -> None:
     assert held_state(1) == "ready"
     venturi.resume(kind="tests.held")
     wait_until(lambda: held_state(1) == "completed", timeout=5, message="the resumed kind")
+
+
+def test_on_sqlite_a_pause_reaches_the_worker_within_a_poll_interval(workers: Workers) -> None:
+    def state(n: int) -> str:
+        return str(Job.objects.using("sqlite").get(payload__n=n, kind="tests.held").state)
+
+    Held(n=1, seconds=2).enqueue(queue="slow", using="sqlite")
+    Held(n=2).enqueue(queue="slow", using="sqlite")
+    workers.start("sqlite", "--concurrency", "1", "--queues", "slow")
+    wait_until(lambda: state(1) == "running" and state(2) == "running", message="both claimed")
+    venturi.pause(queue="slow", using="sqlite")
+    # The poll interval is 0.2 s in the test settings.
+    wait_until(lambda: state(2) == "ready", timeout=1.0, message="job 2 handed back")
+    wait_until(lambda: state(1) == "completed", timeout=10, message="job 1 to finish")
+    venturi.resume(queue="slow", using="sqlite")
+    wait_until(lambda: state(2) == "completed", timeout=5, message="job 2 after resume")
