@@ -13,13 +13,25 @@ from django.utils import timezone
 
 import django_venturi as venturi
 from django_venturi import completion, rate_starts, verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim, seconds_until_next_due
+from django_venturi.claim import (
+    ClaimedJob,
+    ClaimRequest,
+    KindLimit,
+    claim,
+    seconds_until_next_due,
+)
 from django_venturi.models import Job, RateStart
 from django_venturi.rate_limits import RateLimit, RateRule, key_value, next_opening
 from django_venturi.registry import RegistrationError, registry
 from django_venturi.scheduling import TierClock
 from tests.conftest import Workers, wait_until
-from tests.testapp.flow_tasks import Rated, RatedFifty, RatedPerAccount, RatedPerSecond
+from tests.testapp.flow_tasks import (
+    Rated,
+    RatedCapped,
+    RatedFifty,
+    RatedPerAccount,
+    RatedPerSecond,
+)
 from tests.testapp.models import Record
 from tests.testapp.tasks import Noop
 
@@ -33,6 +45,11 @@ def request(
     *kinds: str, limit: int = 50, rate_room: int | None = None, worker: str = "w1"
 ) -> ClaimRequest:
     chosen = list(kinds)
+    caps = [
+        KindLimit(kind, global_cap=cap, local_room=None)
+        for kind in chosen
+        if (cap := registry.get(kind).concurrency) is not None
+    ]
     rates = [
         RateRule(kind, spec.rate_limit)
         for kind in chosen
@@ -44,6 +61,7 @@ def request(
         kinds=chosen,
         leases=[timedelta(minutes=5)] * len(chosen),
         queues=None,
+        limits=caps,
         rates=rates,
         rate_room=rate_room,
     )
@@ -303,3 +321,14 @@ def test_a_handler_too_late_to_move_its_start_is_handed_back() -> None:
     assert not rate_starts.too_late(RATED, job, job.claim_sent + 0.1)
     late = dataclasses.replace(job, claim_sent=now - RATED.per.total_seconds())
     assert rate_starts.too_late(RATED, late, now)
+
+
+def test_a_cap_and_a_rate_limit_on_one_kind_both_hold(alias: str) -> None:
+    venturi.enqueue_many([RatedCapped(n=i) for i in range(10)], using=alias)
+    taken = []
+    for _ in range(4):
+        claimed = take(alias, request("tests.rated_capped"))
+        taken.append(len(claimed))
+        completion.write_verdicts(alias, "w1", [verdicts.completed(job) for job in claimed])
+    # Two at a time (the cap), five in the window (the limit).
+    assert taken == [2, 2, 1, 0]

@@ -84,3 +84,18 @@ class Held(venturi.Task):
         stamp(ctx, "held", n=self.n)
         time.sleep(self.seconds)
         return venturi.Outcome.completed()
+
+
+@venturi.task(
+    kind="tests.rated_capped",
+    concurrency=2,
+    rate_limit=venturi.RateLimit(5, per=timedelta(seconds=30)),
+)
+@dataclasses.dataclass
+class RatedCapped(venturi.Task):
+    """A concurrency cap and a rate limit on one kind: both hold."""
+
+    n: int = 0
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
