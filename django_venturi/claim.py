@@ -53,6 +53,9 @@ class ClaimedJob:
     """Database time of this claim."""
     claim_token: uuid.UUID
     lease: timedelta
+    has_dependents: bool = False
+    """Whether jobs were enqueued after this one when it was claimed (its verdict then
+    resolves them in the verdict's transaction)."""
 
     @property
     def run_key(self) -> RunKey:
@@ -83,6 +86,7 @@ class ClaimedJob:
             started_at=started_at,
             claim_token=claim_token,
             lease=lease,
+            has_dependents=job.has_dependents,
         )
 
 
@@ -306,7 +310,8 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 -- payload and carry as text: the same on either path (prepared results come in
 -- binary, where psycopg would decode jsonb itself; Django's loads it as text).
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
-          job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds
+          job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
+          job.has_dependents
 """
 
 
@@ -366,6 +371,7 @@ def _claim_postgresql(
             started_at=row[9],
             claim_token=token,
             lease=timedelta(seconds=row[10]),
+            has_dependents=row[11],
         )
         for row in rows
     ]

@@ -37,10 +37,10 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
-from django_venturi import dedup, statements
+from django_venturi import dedup, dependencies, statements
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.verdicts import Verdict
@@ -130,8 +130,9 @@ applied AS (
       AND job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
       -- A later verdict of a run already in the batch is never applied.
       AND NOT verdict.repeat
-    RETURNING job.id, job.state, verdict.token
-)
+    RETURNING job.id, job.state, verdict.token, job.has_dependents
+),
+journaled AS (
 INSERT INTO {journal}
     (job_id, attempt, worker, started_at, finished_at, outcome, error_type, error_message,
      traceback)
@@ -148,6 +149,12 @@ FROM verdict LEFT JOIN applied ON applied.id = verdict.id AND applied.token = ve
 WHERE verdict.id IN (SELECT still.id FROM {job} AS still WHERE still.id = ANY(%(ids)s::bigint[]))
 ORDER BY verdict.n  -- journal ids in batch order
 RETURNING job_id, attempt, outcome
+)
+-- has_dependents as the update saw it: set after the claim too, by an enqueue that
+-- the update waited for.
+SELECT journaled.job_id, journaled.attempt, journaled.outcome,
+       journaled.job_id IN (SELECT id FROM applied WHERE applied.has_dependents)
+FROM journaled
 """
 
 
@@ -157,15 +164,24 @@ def _write_postgresql(
     # Only a job going back to `ready` can need a dedup fold (more statements, one
     # transaction); otherwise the verdicts are one statement, atomic on its own,
     # which spares the BEGIN and COMMIT round trips.
+    # A job with dependents resolves them in its verdict's transaction.
     may_fold = any(v.state == State.READY for v in verdicts)
-    if may_fold:  # the SETs of the session would not outlast the transaction
+    in_transaction = may_fold or any(v.job.has_dependents for v in verdicts)
+    if in_transaction:  # the SETs of the session would not outlast the transaction
         statements.prime_session(alias, statements.WORKER_SESSION)
-    with transaction.atomic(using=alias) if may_fold else nullcontext():
+    with transaction.atomic(using=alias) if in_transaction else nullcontext():
         batch, folds = _folded(alias, verdicts, repeats)
         rows = _finish_postgresql(alias, worker, batch, repeats)
         dedup.finish_folds(alias, folds)
-    discarded = JournalOutcome.DISCARDED
-    return {(job_id, attempt) for job_id, attempt, outcome in rows if outcome != discarded}
+        discarded = JournalOutcome.DISCARDED
+        with_dependents = [row[0] for row in rows if row[3] and row[2] != discarded]
+        if with_dependents and in_transaction:
+            dependencies.resolve(alias, with_dependents)
+    if with_dependents and not in_transaction:
+        # Dependents enqueued while the job ran, after its claim: see `dependencies.py`.
+        with transaction.atomic(using=alias):
+            dependencies.resolve(alias, with_dependents)
+    return {(job_id, attempt) for job_id, attempt, outcome, _ in rows if outcome != discarded}
 
 
 def _finish_postgresql(
@@ -217,19 +233,39 @@ def _write_orm(
             .filter(id__in=[v.job.id for v in batch])
             .values_list("id", flat=True)
         )
+        with_dependents: list[int] = []
         for verdict, repeat in zip(batch, repeats, strict=True):
             if verdict.job.id not in existing:
                 continue
-            outcome = None if repeat else _apply_orm(alias, verdict, now)
+            outcome, has_dependents = (None, False) if repeat else _apply(alias, verdict, now)
             if outcome is not None:
                 applied.add((verdict.job.id, verdict.job.attempt))
+            if has_dependents:
+                with_dependents.append(verdict.job.id)
             entries.append(_entry(verdict, worker, now, outcome or JournalOutcome.DISCARDED))
         JournalEntry.objects.using(alias).bulk_create(entries)
         dedup.finish_folds(alias, folds)
+        dependencies.resolve(alias, with_dependents)
     return applied
 
 
-def _apply_orm(alias: str, verdict: Verdict, now: datetime) -> JournalOutcome | None:
+def _apply(alias: str, verdict: Verdict, now: datetime) -> tuple[JournalOutcome | None, bool]:
+    """`_apply_orm`, and whether the job has dependents to resolve.
+
+    A job claimed without dependents is written fenced by that too: no extra query
+    unless one was enqueued after it while it ran (or the run lost its claim).
+    """
+    if not verdict.job.has_dependents:
+        outcome = _apply_orm(alias, verdict, now, Q(has_dependents=False))
+        if outcome is not None:
+            return outcome, False
+    outcome = _apply_orm(alias, verdict, now)
+    return outcome, outcome is not None
+
+
+def _apply_orm(
+    alias: str, verdict: Verdict, now: datetime, fence: Q | None = None
+) -> JournalOutcome | None:
     """Apply one verdict, fenced by its claim; the outcome to journal, or None if it was
     not applied (the run had lost its claim)."""
     changes: dict[str, object] = {
@@ -252,7 +288,7 @@ def _apply_orm(alias: str, verdict: Verdict, now: datetime) -> JournalOutcome | 
     if verdict.error.type:
         changes["last_error"] = f"{verdict.error.type}: {verdict.error.message}"
     fenced = Job.objects.using(alias).filter(
-        id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
+        fence or Q(), id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
     )
     if verdict.state != State.READY:
         return verdict.outcome if fenced.update(**changes) else None

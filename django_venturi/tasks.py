@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -12,6 +12,7 @@ from django.db import transaction
 
 from django_venturi.backoff import Fibonacci
 from django_venturi.conf import venturi_settings
+from django_venturi.dependencies import AfterFailure, check_after_failure, dependency_ids
 from django_venturi.registry import (
     MAX_KIND_LENGTH,
     MAX_QUEUE_LENGTH,
@@ -45,12 +46,25 @@ class Task:
         priority: Priority | None = None,
         queue: str | None = None,
         using: str | None = None,
+        after: Iterable[Job | int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> Job:
-        """Write this job in the caller's current transaction and return its row."""
+        """Write this job in the caller's current transaction and return its row.
+
+        With `after` (jobs or ids), the job is `waiting` until all of them complete;
+        if one fails or is cancelled, so is this job, unless `after_failure="run"`.
+        """
         from django_venturi.enqueue import enqueue_one
 
         job = enqueue_one(
-            self, delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+            self,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            using=using,
+            after=after,
+            after_failure=after_failure,
         )
         if venturi_settings.TESTING_EAGER:
             from django_venturi.inline import run_enqueued
@@ -66,15 +80,25 @@ class Task:
         priority: Priority | None = None,
         queue: str | None = None,
         using: str | None = None,
+        after: Iterable[Job | int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> None:
         """Enqueue when the current transaction commits (at once outside a transaction)."""
         from django_venturi.enqueue import job_database, prepare
 
         # Refuse a bad payload or option now, not in a callback after the commit.
         prepare(self, delay=delay, run_at=run_at, priority=priority, queue=queue)
+        waits_for = None if after is None else dependency_ids(after)
+        check_after_failure(after_failure)
         transaction.on_commit(
             lambda: self.enqueue(
-                delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                queue=queue,
+                using=using,
+                after=waits_for,
+                after_failure=after_failure,
             ),
             using=job_database(using),
         )
@@ -87,10 +111,18 @@ class Task:
         priority: Priority | None = None,
         queue: str | None = None,
         using: str | None = None,
+        after: Iterable[Job | int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> Job:
         """The async form of `enqueue`."""
         return await sync_to_async(self.enqueue)(
-            delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            using=using,
+            after=after,
+            after_failure=after_failure,
         )
 
 

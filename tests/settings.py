@@ -117,6 +117,7 @@ VENTURI = {
         "tests.testapp.scheduling_tasks",
         "tests.testapp.dedup_tasks",
         "tests.testapp.control_tasks",
+        "tests.testapp.workflow_tasks",
         "tests.testapp.hardening_tasks",
         "tests.testapp.text_tasks",
         *DOCS_EXAMPLE_TASK_MODULES,
