@@ -11,14 +11,16 @@ from django.test.utils import CaptureQueriesContext
 
 import django_venturi as venturi
 from django_venturi import verdicts
-from django_venturi.claim import ClaimedJob
+from django_venturi.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.completion import write_verdicts
 from django_venturi.dependencies import DEPENDENCY_FAILED
 from django_venturi.models import Dependency, Job
 from django_venturi.registry import registry
+from django_venturi.retention import delete_jobs
+from django_venturi.scheduling import TierClock
 from django_venturi.testing import drain
 from tests.conftest import Workers, wait_until
-from tests.testapp.dedup_tasks import Latest
+from tests.testapp.dedup_tasks import Latest, Recompute
 from tests.testapp.models import Record
 from tests.testapp.tasks import Noop
 from tests.testapp.workflow_tasks import Step, Summary
@@ -193,6 +195,45 @@ def test_a_merged_keyed_job_keeps_its_dependents_on_the_job_holding_the_key(alia
     assert edge.dependency_id == holder.id
     drain(using=alias)
     assert state(alias, dependent) == "completed"
+
+
+def test_a_follow_up_folded_into_a_returning_job_hands_it_its_dependents(alias: str) -> None:
+    Recompute(account="h").enqueue(using=alias)
+    (running,) = claim(
+        alias,
+        ClaimRequest(
+            worker="t",
+            limit=1,
+            kinds=["tests.recompute"],
+            leases=[timedelta(minutes=5)],
+            queues=None,
+        ),
+        TierClock((6, 3, 1)),
+    )
+    follow_up = Recompute(account="h", count=2).enqueue(using=alias)
+    both = Step("after both").enqueue(using=alias, after=[running.id, follow_up])
+    only = Step("after the follow-up").enqueue(using=alias, after=[follow_up])
+
+    paused = verdicts.Verdict(running, venturi.JournalOutcome.PAUSED, venturi.State.READY)
+    write_verdicts(alias, "t", [paused])
+
+    assert state(alias, follow_up) == "cancelled"  # folded into the returning job
+    for dependent, waiting_for in ((both, 1), (only, 1)):
+        row = Job.objects.using(alias).get(id=dependent.id)
+        assert (row.state, row.waiting_for) == ("waiting", waiting_for)
+        edges = Dependency.objects.using(alias).filter(dependent_id=dependent.id)
+        assert list(edges.values_list("dependency_id", flat=True)) == [running.id]
+    drain(using=alias)
+    assert state(alias, both) == "completed" and state(alias, only) == "completed"
+
+
+def test_deleting_an_unfinished_job_cancels_the_jobs_waiting_for_it(alias: str) -> None:
+    first, second, third = venturi.chain(Step("a"), Step("b"), Step("c")).enqueue(using=alias)
+    delete_jobs(Job.objects.filter(id=first.id), using=alias)
+
+    assert not Job.objects.using(alias).filter(id=first.id).exists()
+    assert state(alias, second) == "cancelled" and state(alias, third) == "cancelled"
+    assert f"job #{first.id}" in Job.objects.using(alias).get(id=second.id).last_error
 
 
 def test_a_keyed_job_cannot_wait_for_others(alias: str) -> None:
