@@ -61,6 +61,9 @@ def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[
 def write_runs(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[AppliedRun]:
     """`write_verdicts`, telling runs apart: (job id, attempt) of each run applied, so
     that a stale run's verdict beside the live run's of the same job is not counted."""
+    done = {(v.job.id, v.job.attempt) for v in verdicts if v.written}
+    if done:  # applied in an atomic handler's transaction: see `atomic.py`
+        return done | write_runs(alias, worker, [v for v in verdicts if not v.written])
     if not verdicts:
         return set()
     repeats = repeated_runs(verdicts)

@@ -61,6 +61,9 @@ class TaskSpec:
     carry: Any
     timeout: timedelta | None = None
     """How long one run may take before it is asked to stop (see worker timeouts)."""
+    atomic: bool = False
+    """Whether the handler runs in a transaction that also writes its verdict (see
+    `atomic.py`)."""
 
     @property
     def is_async(self) -> bool:

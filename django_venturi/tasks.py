@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -146,6 +147,7 @@ def task(
     concurrency: int | None = None,
     carry: Any = None,
     timeout: timedelta | None = None,
+    atomic: bool = False,
 ) -> Callable[[T], T]: ...
 
 
@@ -163,12 +165,17 @@ def task(
     concurrency: int | None = None,
     carry: Any = None,
     timeout: timedelta | None = None,
+    atomic: bool = False,
 ) -> T | Callable[[T], T]:
     """Register a dataclass with a `handle(self, ctx)` method as a task.
 
     Use it as `@venturi.task` or `@venturi.task(kind=..., queue=..., ...)`, above
     `@dataclasses.dataclass`. The class gains `enqueue`, `enqueue_on_commit` and
     `aenqueue`. Errors in the declaration are raised at import time.
+
+    `atomic=True` runs the handler inside `transaction.atomic()` on the jobs'
+    database and writes the job's verdict in that same transaction, fenced by
+    the run's claim: a run that lost its claim, or raised, commits nothing.
     """
 
     def register(target: T) -> T:
@@ -184,6 +191,7 @@ def task(
             concurrency=concurrency,
             carry=carry,
             timeout=timeout,
+            atomic=atomic,
         )
         for name in _ENQUEUE_METHODS:
             if not hasattr(target, name):
@@ -225,6 +233,12 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
             raise RegistrationError(f"{name}: {field} must be a positive timedelta, got {value!r}")
     if not isinstance(options["priority"], int) or options["priority"] not in Priority.values:
         raise RegistrationError(f"{name}: priority must be a venturi.Priority")
+    if not isinstance(options["atomic"], bool):
+        raise RegistrationError(f"{name}: atomic must be True or False")
+    if options["atomic"] and inspect.iscoroutinefunction(target.handle):  # type: ignore[attr-defined]
+        raise RegistrationError(
+            f"{name}: atomic=True needs a sync handle(): a transaction cannot span awaits"
+        )
     return TaskSpec(
         cls=target,
         kind=kind,
@@ -237,6 +251,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
         concurrency=options["concurrency"],
         carry=options["carry"],
         timeout=options["timeout"],
+        atomic=options["atomic"],
     )
 
 

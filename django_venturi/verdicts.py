@@ -114,6 +114,9 @@ class Verdict:
     """The JSON return value to store in `Job.result`, when `set_result` (Django Tasks jobs)."""
     after_write: Callable[[bool], None] | None = None
     """Called by the worker once the verdict is written, with whether it applied."""
+    written: bool = False
+    """Already applied, in the transaction of an atomic handler (`atomic.py`): the
+    worker only does what follows a write."""
 
 
 def completed(job: ClaimedJob) -> Verdict:
