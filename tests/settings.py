@@ -100,6 +100,7 @@ DOCS_EXAMPLE_TASK_MODULES = [
         "scheduling",
         "dedup",
         "long_running",
+        "workflows",
     )
 ]
 # The Tasks how-to's example: it imports only where a Tasks framework is installed (the
