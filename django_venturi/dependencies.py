@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Literal
 from django.db import connections
 from django.db.models import F
 
+from django_venturi import statements
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
@@ -155,6 +156,8 @@ def resolve(alias: str, finished: Iterable[int]) -> None:
     from django_venturi.models import Dependency
 
     frontier = list(finished)
+    if connections[alias].vendor == "postgresql" and not _count_completions(alias, frontier):
+        return
     while frontier:
         edges = list(
             Dependency.objects.using(alias)
@@ -183,6 +186,67 @@ def resolve(alias: str, finished: Iterable[int]) -> None:
                 doomed.setdefault(dependent, (dependency, state))
         _count_done(alias, {d: n for d, n in done.items() if d not in doomed})
         frontier = _cancel(alias, doomed)
+
+
+# One round trip for what most verdicts with dependents need: the edges of the jobs
+# just finished that count as done (a completed dependency, or any finished one for a
+# dependent enqueued with after_failure="run") are resolved, counted off their
+# dependents, and the dependents that reach zero become ready and wake their queues'
+# workers. Both updates lock their rows and re-read them if a concurrent transaction
+# changed them (READ COMMITTED), so of two verdicts finishing a dependent's last two
+# dependencies at once, exactly one takes it to zero. What is left (failures that
+# cancel dependents) is said by the last column, for `resolve`'s loop.
+_COUNT_COMPLETIONS_SQL = """
+WITH finished AS (
+    SELECT id, state FROM {job}
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = ANY(%(finished)s::text[])
+),
+counted AS (
+    UPDATE {dependency} AS edge SET resolved = true
+    FROM finished
+    WHERE edge.dependency_id = finished.id AND NOT edge.resolved
+      AND (finished.state = %(completed)s OR edge.run_after_failure)
+    RETURNING edge.dependent_id
+),
+counts AS (SELECT dependent_id, count(*) AS done FROM counted GROUP BY dependent_id),
+readied AS (
+    UPDATE {job} AS job
+    SET waiting_for = greatest(job.waiting_for - counts.done, 0),
+        state = CASE WHEN job.waiting_for <= counts.done THEN %(ready)s ELSE job.state END
+    FROM counts
+    WHERE job.id = counts.dependent_id AND job.state = %(waiting)s
+    RETURNING job.state, job.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, queue)
+    FROM (SELECT DISTINCT queue FROM readied WHERE state = %(ready)s) AS queues
+)
+SELECT (SELECT count(*) FROM woken),
+       EXISTS (SELECT 1 FROM {dependency} AS edge JOIN finished ON edge.dependency_id = finished.id
+               WHERE NOT edge.resolved AND finished.state <> %(completed)s
+                 AND NOT edge.run_after_failure)
+"""
+
+
+def _count_completions(alias: str, finished: Sequence[int]) -> bool:
+    """Resolve the edges of `finished` that count as done (PostgreSQL, one statement);
+    return whether some of their dependents are to be cancelled."""
+    from django_venturi.models import Dependency, Job
+
+    quote = connections[alias].ops.quote_name
+    sql = _COUNT_COMPLETIONS_SQL.format(
+        job=quote(Job._meta.db_table), dependency=quote(Dependency._meta.db_table)
+    )
+    params = {
+        "ids": list(finished),
+        "finished": [state.value for state in FINISHED_STATES],
+        "completed": State.COMPLETED.value,
+        "ready": State.READY.value,
+        "waiting": State.WAITING.value,
+        "channel": venturi_settings.NOTIFY_CHANNEL,
+    }
+    ((_, cascades),) = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
+    return bool(cascades)
 
 
 def move_dependents(alias: str, absorbed: Sequence[int], survivor: int) -> None:
