@@ -36,6 +36,7 @@ class Chain:
             for step in self.tasks:
                 after = [jobs[-1]] if jobs else None
                 jobs.append(enqueue_one(step, using=using, after=after))
+        _run_if_eager(jobs)
         return jobs
 
 
@@ -60,7 +61,19 @@ class Group:
             callback = enqueue_one(
                 self.then, using=using, after=members, after_failure=self.after_failure
             )
+        _run_if_eager([*members, callback])
         return members, callback
+
+
+def _run_if_eager(jobs: list[Job]) -> None:
+    """Eager mode (`venturi.testing.eager()`): run the workflow now, in order; a job
+    whose dependencies have not all completed by its turn is left as it is."""
+    from django_venturi.conf import venturi_settings
+
+    if venturi_settings.TESTING_EAGER:
+        from django_venturi.inline import run_enqueued
+
+        run_enqueued(jobs)
 
 
 def chain(*tasks: object) -> Chain:

@@ -18,7 +18,7 @@ from django_venturi.models import Dependency, Job
 from django_venturi.registry import registry
 from django_venturi.retention import delete_jobs
 from django_venturi.scheduling import TierClock
-from django_venturi.testing import drain
+from django_venturi.testing import drain, eager
 from tests.conftest import Workers, wait_until
 from tests.testapp.dedup_tasks import Latest, Recompute
 from tests.testapp.models import Record
@@ -67,6 +67,15 @@ def test_a_chain_runs_its_steps_in_order_whatever_their_priority(alias: str) -> 
 
     assert steps_run(alias) == ["a", "b", "c"]
     assert Job.objects.using(alias).get(id=jobs[2].id).result == "c"
+
+
+def test_eager_mode_runs_chains_and_groups_in_order(alias: str) -> None:
+    with eager():
+        jobs = venturi.chain(Step("a"), Step("b")).enqueue(using=alias)
+        members, callback = venturi.group([Step("m")], then=Summary(batch=1)).enqueue(using=alias)
+    assert steps_run(alias) == ["a", "b", "m"]
+    assert [state(alias, job) for job in [*jobs, *members, callback]] == ["completed"] * 4
+    assert Record.objects.using(alias).get(kind="summary").value == 1
 
 
 def test_a_failure_cancels_the_dependents_transitively_naming_the_dependency(
