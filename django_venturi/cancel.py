@@ -65,14 +65,14 @@ def cancel(jobs: Job | int | Iterable[Job | int], *, using: str | None = None) -
             .select_for_update()
             .filter(id__in=ids, state__in=(State.READY, State.WAITING))
             .order_by("id")
-            .values_list("id", "has_dependents")
+            .values_list("id", "dependents")
         )
         cancelled = (
             Job.objects.using(alias)
             .filter(id__in=list(unclaimed))
             .update(state=State.CANCELLED, finished_at=now, waiting_for=0)
         )
-        dependencies.resolve(alias, [job_id for job_id, flag in unclaimed.items() if flag])
+        dependencies.resolve(alias, [job_id for job_id, count in unclaimed.items() if count])
         stopping = list(
             Job.objects.using(alias)
             .filter(id__in=ids, state=State.RUNNING, cancel_requested_at__isnull=True)

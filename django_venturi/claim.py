@@ -86,7 +86,7 @@ class ClaimedJob:
             started_at=started_at,
             claim_token=claim_token,
             lease=lease,
-            has_dependents=job.has_dependents,
+            has_dependents=job.dependents > 0,
         )
 
 
@@ -311,7 +311,7 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 -- binary, where psycopg would decode jsonb itself; Django's loads it as text).
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
           job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
-          job.has_dependents
+          job.dependents > 0
 """
 
 

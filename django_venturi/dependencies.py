@@ -2,12 +2,14 @@
 
 A job enqueued after unfinished jobs is `waiting`, with `waiting_for` counting
 them, and one `Dependency` row per job it waits for. The jobs it waits for are
-flagged `has_dependents`; only their verdicts look for dependents, so a job
+counted in `dependents`; only their verdicts look for dependents, so a job
 without any pays nothing.
 
-When a job with dependents finishes, `resolve` runs in the transaction of the
-finishing write (the verdict, a cancel): it marks the job's open edges resolved
-and, for each dependent,
+When a job with dependents finishes, its dependents are resolved in the
+transaction of the finishing write. On PostgreSQL a verdict batch that
+completes such jobs does it in its own statement (`completion.py`); otherwise
+`resolve` runs in the write's transaction (a failure, a cancel, SQLite). It
+marks the job's open edges resolved and, for each dependent,
 
 - counts a completed dependency (or any finished one, for a dependent enqueued
   with `after_failure="run"`) off `waiting_for`; the update that takes it to
@@ -88,24 +90,26 @@ def check_after_failure(after_failure: str) -> bool:
     return after_failure == "run"
 
 
-def lock(alias: str, ids: Sequence[int], *, run_after_failure: bool) -> Dependencies:
-    """Lock the jobs named by `ids`, flag the unfinished ones, and say how they stand.
+def lock(alias: str, ids: Sequence[int], *, jobs: int, run_after_failure: bool) -> Dependencies:
+    """Lock the jobs named by `ids`, count `jobs` new dependents on the unfinished ones,
+    and say how they stand.
 
     The lock makes a dependency's verdict wait for this enqueue's transaction, and
-    its flag tells that verdict to look for dependents. Raises `UnknownDependency`
-    for an id with no job.
+    the count tells that verdict to look for dependents (a verdict whose statement
+    started before this enqueue committed sees the count change: see
+    `completion.py`). Raises `UnknownDependency` for an id with no job.
     """
     from django_venturi.models import Job
 
-    jobs = Job.objects.using(alias).select_for_update().filter(id__in=ids).order_by("id")
-    states = dict(jobs.values_list("id", "state"))
+    locked = Job.objects.using(alias).select_for_update().filter(id__in=ids).order_by("id")
+    states = dict(locked.values_list("id", "state"))
     missing = [job_id for job_id in ids if job_id not in states]
     if missing:
         named = ", ".join(f"#{job_id}" for job_id in missing)
         raise UnknownDependency(f"after: no job {named} (a job waits only for existing jobs)")
     unfinished = tuple(job_id for job_id in ids if states[job_id] not in FINISHED_STATES)
     if unfinished:
-        Job.objects.using(alias).filter(id__in=unfinished).update(has_dependents=True)
+        Job.objects.using(alias).filter(id__in=unfinished).update(dependents=F("dependents") + jobs)
     failed = tuple(
         (job_id, states[job_id])
         for job_id in ids
@@ -277,7 +281,7 @@ def move_dependents(alias: str, absorbed: Sequence[int], survivor: int) -> None:
         Job.objects.using(alias).filter(id=dependent, state=State.WAITING).update(
             waiting_for=F("waiting_for") - count
         )
-    Job.objects.using(alias).filter(id=survivor).update(has_dependents=True)
+    Job.objects.using(alias).filter(id=survivor).update(dependents=F("dependents") + len(moving))
 
 
 def _count_done(alias: str, done: dict[int, int]) -> None:

@@ -141,7 +141,9 @@ def _enqueue_after(
     if any(job.dedup_key is not None for job in new_jobs):
         raise ValueError("a job with a dedup key cannot be enqueued after other jobs")
     with transaction.atomic(using=alias):
-        waits_for = dependencies.lock(alias, ids, run_after_failure=run_after_failure)
+        waits_for = dependencies.lock(
+            alias, ids, jobs=len(new_jobs), run_after_failure=run_after_failure
+        )
         jobs: list[Job] = []
         for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
             jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))

@@ -62,9 +62,10 @@ class Job(models.Model):
     waiting_for = models.PositiveIntegerField(
         db_default=0, help_text="Dependencies not finished yet (a waiting job)."
     )
-    has_dependents = models.BooleanField(
-        db_default=False,
-        help_text="Whether jobs were enqueued after this one (its verdict resolves them).",
+    dependents = models.PositiveIntegerField(
+        db_default=0,
+        help_text="Jobs enqueued after this one while it was unfinished (its verdict "
+        "resolves them).",
     )
 
     class Meta:

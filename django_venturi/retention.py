@@ -140,7 +140,7 @@ def delete_jobs(jobs: QuerySet[Job], *, using: str) -> tuple[int, dict[str, int]
 def _cancel_waiting_for(alias: str, jobs: QuerySet[Job]) -> None:
     """End the unfinished jobs of `jobs` that have dependents `cancelled`, resolving those."""
     unfinished = list(
-        jobs.filter(has_dependents=True)
+        jobs.filter(dependents__gt=0)
         .exclude(state__in=FINISHED_STATES)
         .values_list("id", flat=True)
     )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 import django_venturi as venturi
@@ -49,7 +50,7 @@ def test_a_job_after_another_waits_and_runs_after_it_completes(alias: str) -> No
 
     assert second.state == WAITING
     assert state(alias, second) == "waiting"
-    assert Job.objects.using(alias).get(id=first.id).has_dependents
+    assert Job.objects.using(alias).get(id=first.id).dependents == 1
     drain(using=alias)
 
     assert steps_run(alias) == ["first", "second"]
@@ -121,7 +122,7 @@ def test_dependencies_that_already_finished_resolve_at_enqueue(alias: str) -> No
     assert row.state == "cancelled"
     assert f"job #{failed.id}" in row.last_error
     assert journal(alias, row) == [("cancelled", DEPENDENCY_FAILED)]
-    assert not Job.objects.using(alias).get(id=done.id).has_dependents
+    assert Job.objects.using(alias).get(id=done.id).dependents == 0
 
 
 def test_an_unknown_dependency_is_a_clear_error_and_writes_nothing(alias: str) -> None:
@@ -129,7 +130,7 @@ def test_an_unknown_dependency_is_a_clear_error_and_writes_nothing(alias: str) -
     with pytest.raises(venturi.UnknownDependency, match=r"no job #999999"):
         Step("second").enqueue(using=alias, after=[first, 999999])
     assert Job.objects.using(alias).count() == 1
-    assert not Job.objects.using(alias).get(id=first.id).has_dependents
+    assert Job.objects.using(alias).get(id=first.id).dependents == 0
 
 
 def test_bad_after_options_are_refused(alias: str) -> None:
@@ -274,6 +275,45 @@ def test_a_dependent_enqueued_while_its_dependency_runs_is_resolved_by_its_verdi
 
     write_verdicts(alias, "w", [verdicts.completed(claimed)])
     assert state(alias, second) == "ready"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_a_dependent_committed_while_the_verdict_waits_for_its_lock_is_resolved() -> None:
+    """The verdict statement's snapshot predates the dependent's edge: it must notice."""
+    alias = "default"
+    first = Step("first").enqueue(using=alias)
+    Step("known").enqueue(using=alias, after=[first])
+    claimed = _claimed(alias, first)
+    assert claimed.has_dependents  # the statement that resolves in place is used
+    written: list[set[int]] = []
+
+    def write() -> None:
+        try:
+            written.append(write_verdicts(alias, "w", [verdicts.completed(claimed)]))
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    with transaction.atomic(using=alias):
+        late = Step("late").enqueue(using=alias, after=[first])  # holds the row lock
+        writer = threading.Thread(target=write)
+        writer.start()
+        wait_until(lambda: _waits_for_a_lock(alias), message="the verdict to wait")
+    writer.join(timeout=30)
+
+    assert written == [{first.id}]
+    assert state(alias, late) == "ready"
+    assert Job.objects.using(alias).filter(state="waiting").count() == 0
+
+
+def _waits_for_a_lock(alias: str) -> bool:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # fresh inside a transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        (waiting,) = cursor.fetchone()
+    return bool(waiting)
 
 
 def test_many_workers_finishing_a_group_at_once_start_one_callback(
