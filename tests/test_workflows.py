@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -131,6 +132,23 @@ def test_an_unknown_dependency_is_a_clear_error_and_writes_nothing(alias: str) -
         Step("second").enqueue(using=alias, after=[first, 999999])
     assert Job.objects.using(alias).count() == 1
     assert Job.objects.using(alias).get(id=first.id).dependents == 0
+
+
+def test_enqueue_on_commit_aenqueue_and_enqueue_many_wait_too(alias: str) -> None:
+    first = Step("first").enqueue(using=alias)
+    with transaction.atomic(using=alias):
+        Step("on commit").enqueue_on_commit(using=alias, after=[first])
+        assert Job.objects.using(alias).count() == 1
+    later = async_to_sync(Step("async").aenqueue)(using=alias, after=[first.id])
+    batch = venturi.enqueue_many([Step("m1"), Step("m2")], using=alias, after=[first])
+
+    waiting = Job.objects.using(alias).filter(state="waiting")
+    assert waiting.count() == 4 and later.state == WAITING
+    assert {job.waiting_for for job in waiting} == {1}
+    assert Job.objects.using(alias).get(id=first.id).dependents == 4
+    drain(using=alias)
+    assert steps_run(alias)[0] == "first" and len(steps_run(alias)) == 5
+    assert all(state(alias, job) == "completed" for job in batch)
 
 
 def test_bad_after_options_are_refused(alias: str) -> None:
