@@ -10,6 +10,9 @@ Timing starts after Django is set up and the first connection is made.
   wake    the W3 probe, then 200 jobs on an absolute 20 ms schedule, one transaction each
   dedup   one of W7's concurrent producers: sleep until --start (a time.time() value),
           then N `CountJob(key=i % KEYS).enqueue()` calls in autocommit
+  steps   N `StepJob`s, one `venturi.enqueue_many` (the plain drain of benchmarks/workflows.py)
+  chain   `venturi.chain()` of N `StepJob`s
+  group   `venturi.group()` of N `StepJob`s with a `StepJob` callback
 """
 
 from __future__ import annotations
@@ -94,9 +97,29 @@ def dedup(n: int, keys: int, start: float) -> dict[str, float | int]:
     return {"n": n, "ready": ready, "t_begin": t_begin, "t_end": t_end}
 
 
+def workflow(mode: str, n: int) -> dict[str, float | int | list[int]]:
+    """Enqueue N steps as plain jobs, a chain, or a group with a callback (its last id)."""
+    import django_venturi as venturi
+    from benchmarks.bench_project.benchapp.tasks import StepJob
+
+    steps = [StepJob(i=i) for i in range(n)]
+    start = time.perf_counter()
+    if mode == "steps":
+        jobs = venturi.enqueue_many(steps)
+    elif mode == "chain":
+        jobs = venturi.chain(*steps).enqueue()
+    else:
+        members, callback = venturi.group(steps, then=StepJob(i=n)).enqueue()
+        jobs = [*members, callback]
+    elapsed = time.perf_counter() - start
+    return {"n": n, "elapsed": elapsed, "first": jobs[0].pk, "last": jobs[-1].pk}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=["single", "bulk", "wake", "dedup"])
+    parser.add_argument(
+        "mode", choices=["single", "bulk", "wake", "dedup", "steps", "chain", "group"]
+    )
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--interval", type=float, default=0.020)
     parser.add_argument("--settle", type=float, default=1.0)
@@ -112,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bulk(args.n, args.first)
     elif args.mode == "dedup":
         result = dedup(args.n, args.keys, args.start)
+    elif args.mode in ("steps", "chain", "group"):
+        result = workflow(args.mode, args.n)
     else:
         result = wake(
             args.n, args.interval, os.environ["VENTURI_BENCH_SINK"], args.settle, args.wait

@@ -13,6 +13,7 @@ from django_venturi.cancel import CancelResult, cancel
 from django_venturi.codec import PayloadError, secret
 from django_venturi.context import Context
 from django_venturi.dedup import Existing, Merge
+from django_venturi.dependencies import UnknownDependency
 from django_venturi.journal import history
 from django_venturi.outcomes import Outcome, TaskError
 from django_venturi.pauses import Paused, pause, paused, resume
@@ -23,6 +24,7 @@ from django_venturi.retention import cleanup
 from django_venturi.snapshot import stats
 from django_venturi.states import JournalOutcome, Priority, State
 from django_venturi.tasks import Task, task
+from django_venturi.workflows import chain, group
 
 if TYPE_CHECKING:
     from django_venturi.models import Job
@@ -45,11 +47,14 @@ __all__ = [
     "State",
     "Task",
     "TaskError",
+    "UnknownDependency",
     "UnknownKind",
     "__version__",
     "cancel",
+    "chain",
     "cleanup",
     "enqueue_many",
+    "group",
     "history",
     "pause",
     "paused",
@@ -64,7 +69,8 @@ __all__ = [
 def enqueue_many(instances: Any, **options: Any) -> list[Job]:
     """Enqueue many task instances in the current transaction, one INSERT per batch.
 
-    Options as for `enqueue`: `delay`, `run_at`, `priority`, `queue`, `using`.
+    Options as for `enqueue`: `delay`, `run_at`, `priority`, `queue`, `using`,
+    `after`, `after_failure`.
     """
     from django_venturi.conf import venturi_settings
     from django_venturi.enqueue import enqueue_many as _enqueue_many

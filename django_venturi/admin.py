@@ -263,7 +263,39 @@ def state_age(job: Job, now: datetime) -> str:
         return f"waiting {short_age(now - job.run_at)}"
     if job.state == State.RUNNING and job.started_at is not None:
         return f"running {short_age(now - job.started_at)}"
+    if job.state == State.WAITING:
+        dependencies = "dependency" if job.waiting_for == 1 else "dependencies"
+        return f"for {job.waiting_for} {dependencies}"
     return f"{short_age(now - job.finished_at)} ago" if job.finished_at else ""
+
+
+WORKFLOW_LINKS_SHOWN = 50
+"""Dependencies or dependents listed on a job page; the rest are counted."""
+
+
+def workflow_links(jobs: QuerySet[Job]) -> SafeString | str:
+    """Links to jobs of a workflow, each with its state, in id order."""
+    shown = list(jobs.order_by("id").only("id", "kind", "state")[: WORKFLOW_LINKS_SHOWN + 1])
+    if not shown:
+        return "-"
+    links = format_html_join(
+        "<br>",
+        '<a href="{}">#{} {}</a> <span class="venturi-state venturi-{}">{}</span>',
+        (
+            (
+                reverse("admin:django_venturi_job_change", args=[quote(job.pk)]),
+                job.pk,
+                job.kind,
+                job.state,
+                job.state,
+            )
+            for job in shown[:WORKFLOW_LINKS_SHOWN]
+        ),
+    )
+    if len(shown) <= WORKFLOW_LINKS_SHOWN:
+        return links
+    more = jobs.count() - WORKFLOW_LINKS_SHOWN
+    return format_html("{}<br>and {} more", links, more)
 
 
 # ---------------------------------------------------------------- the job page
@@ -495,6 +527,10 @@ class JobAdmin(JobAdminBase):
             },
         ),
         (
+            "Workflow",
+            {"fields": ("waiting_for", "dependencies_list", "dependents_list")},
+        ),
+        (
             "Times",
             {"fields": ("enqueued_at_text", "run_at_text", "started_at_text", "finished_at_text")},
         ),
@@ -538,6 +574,9 @@ class JobAdmin(JobAdminBase):
         "progress_text",
         "cancel_requested_at_text",
         "periodic_tick_text",
+        "waiting_for",
+        "dependencies_list",
+        "dependents_list",
     )
     inlines = (JournalInline,)
 
@@ -591,6 +630,18 @@ class JobAdmin(JobAdminBase):
     @admin.display(description="result")
     def result_json(self, job: Job) -> SafeString:
         return pretty_json(job.result)
+
+    @admin.display(description="enqueued after")
+    def dependencies_list(self, job: Job) -> SafeString | str:
+        """The jobs this one waits (or waited) for, with their states."""
+        alias = job._state.db or venturi_settings.DATABASE
+        return workflow_links(Job.objects.using(alias).filter(dependent_links__dependent=job))
+
+    @admin.display(description="jobs enqueued after it")
+    def dependents_list(self, job: Job) -> SafeString | str:
+        """The jobs that wait (or waited) for this one, with their states."""
+        alias = job._state.db or venturi_settings.DATABASE
+        return workflow_links(Job.objects.using(alias).filter(dependency_links__dependency=job))
 
     @admin.display(description="last error")
     def last_error_text(self, job: Job) -> SafeString | str:
@@ -897,11 +948,11 @@ def pretty_json(value: Any) -> SafeString:
 
 
 def live_rows(snapshot: Stats) -> list[dict[str, Any]]:
-    """One row per kind and queue with its ready and running counts."""
+    """One row per kind and queue with its waiting, ready and running counts."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for (state, kind, queue), jobs in snapshot.live.items():
         row = rows.setdefault(
-            (kind, queue), {"kind": kind, "queue": queue, "ready": 0, "running": 0}
+            (kind, queue), {"kind": kind, "queue": queue, "waiting": 0, "ready": 0, "running": 0}
         )
         row[state] = jobs
     return [rows[key] for key in sorted(rows)]

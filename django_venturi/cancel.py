@@ -1,6 +1,7 @@
 """`venturi.cancel()`: a ready job is cancelled at once; a running one is asked to stop.
 
-A ready job becomes `cancelled` in the same statement that finds it. A running
+A ready or waiting job becomes `cancelled` at once, in the caller's
+transaction, and so do the jobs waiting for it (see `dependencies.py`). A running
 job gets `cancel_requested_at` set, and on PostgreSQL a notification on the
 cancel channel tells its worker right away (other databases: the worker sees
 the request at its next heartbeat). Its handler then sees `ctx.should_stop`;
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
 
+from django_venturi import dependencies
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
 from django_venturi.states import State
@@ -32,7 +34,7 @@ class CancelResult:
     """What a cancel did."""
 
     cancelled: int
-    """Ready jobs now `cancelled`."""
+    """Ready and waiting jobs now `cancelled` (not counting their dependents)."""
     stopping: int
     """Running jobs asked to stop; they end `cancelled` when their handler returns."""
 
@@ -43,7 +45,11 @@ def cancel_channel() -> str:
 
 
 def cancel(jobs: Job | int | Iterable[Job | int], *, using: str | None = None) -> CancelResult:
-    """Cancel jobs by row or id, inside the caller's transaction if there is one."""
+    """Cancel jobs by row or id, inside the caller's transaction if there is one.
+
+    Jobs enqueued after a cancelled job are cancelled too, unless enqueued with
+    `after_failure="run"`.
+    """
     from django_venturi.models import (
         Job,
     )  # at call time: importing the package must not load models
@@ -54,11 +60,19 @@ def cancel(jobs: Job | int | Iterable[Job | int], *, using: str | None = None) -
         return CancelResult(cancelled=0, stopping=0)
     now = now_expression(alias)
     with transaction.atomic(using=alias):
+        unclaimed = dict(
+            Job.objects.using(alias)
+            .select_for_update()
+            .filter(id__in=ids, state__in=(State.READY, State.WAITING))
+            .order_by("id")
+            .values_list("id", "dependents")
+        )
         cancelled = (
             Job.objects.using(alias)
-            .filter(id__in=ids, state=State.READY)
-            .update(state=State.CANCELLED, finished_at=now)
+            .filter(id__in=list(unclaimed))
+            .update(state=State.CANCELLED, finished_at=now, waiting_for=0)
         )
+        dependencies.resolve(alias, [job_id for job_id, count in unclaimed.items() if count])
         stopping = list(
             Job.objects.using(alias)
             .filter(id__in=ids, state=State.RUNNING, cancel_requested_at__isnull=True)

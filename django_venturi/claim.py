@@ -61,6 +61,9 @@ class ClaimedJob:
     claim_sent: float = 0.0
     """`time.monotonic()` when the claim statement was sent, after any lock it waited
     for: no earlier than the time a rate limit counts this start at."""
+    has_dependents: bool = False
+    """Whether jobs were enqueued after this one when it was claimed (its verdict then
+    resolves them in the verdict's transaction)."""
 
     @property
     def run_key(self) -> RunKey:
@@ -93,6 +96,7 @@ class ClaimedJob:
             claim_token=claim_token,
             lease=lease,
             claim_sent=time.monotonic() if claim_sent is None else claim_sent,
+            has_dependents=job.dependents > 0,
         )
 
 
@@ -410,7 +414,8 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 -- payload and carry as text: the same on either path (prepared results come in
 -- binary, where psycopg would decode jsonb itself; Django's loads it as text).
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
-          job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds
+          job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
+          job.dependents > 0
 """
 
 
@@ -502,6 +507,7 @@ def _claim_postgresql(
             claim_token=token,
             lease=timedelta(seconds=row[10]),
             claim_sent=sent,
+            has_dependents=row[11],
         )
         for row in rows
     ]

@@ -15,6 +15,13 @@ back to `ready`: a verdict that would requeue it (paused, retry, timeout)
 cancels it instead, even if the worker had not heard of the request yet. Such
 a job absorbs no follow-up: the follow-up stays `ready`.
 
+A job with dependents (`enqueue(after=...)`, see `dependencies.py`) resolves
+them with its verdict: on PostgreSQL in the same statement when the batch's
+jobs known to have dependents all complete, otherwise in the batch's
+transaction right after it. Dependents enqueued after the claim, or after the
+statement started, are found by what the statement returns and resolved in a
+transaction of their own just after.
+
 A run (a job id and its claim token) has one verdict. When a batch holds more
 than one for the same run (say a `released` at shutdown and the handler's
 `completed`), the first in the batch is the run's verdict and each later one
@@ -37,11 +44,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
-from django_venturi import dedup, statements
-from django_venturi.models import Job, JournalEntry
+from django_venturi import dedup, dependencies, statements
+from django_venturi.conf import venturi_settings
+from django_venturi.models import Dependency, Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.verdicts import Verdict
 
@@ -61,6 +69,9 @@ def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[
 def write_runs(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[AppliedRun]:
     """`write_verdicts`, telling runs apart: (job id, attempt) of each run applied, so
     that a stale run's verdict beside the live run's of the same job is not counted."""
+    done = {(v.job.id, v.job.attempt) for v in verdicts if v.written}
+    if done:  # applied in an atomic handler's transaction: see `atomic.py`
+        return done | write_runs(alias, worker, [v for v in verdicts if not v.written])
     if not verdicts:
         return set()
     repeats = repeated_runs(verdicts)
@@ -130,8 +141,9 @@ applied AS (
       AND job.id = verdict.id AND job.claim_token = verdict.token AND job.state = 'running'
       -- A later verdict of a run already in the batch is never applied.
       AND NOT verdict.repeat
-    RETURNING job.id, job.state, verdict.token
-)
+    RETURNING job.id, job.state, verdict.token, job.dependents
+),
+journaled AS (
 INSERT INTO {journal}
     (job_id, attempt, worker, started_at, finished_at, outcome, error_type, error_message,
      traceback)
@@ -148,6 +160,58 @@ FROM verdict LEFT JOIN applied ON applied.id = verdict.id AND applied.token = ve
 WHERE verdict.id IN (SELECT still.id FROM {job} AS still WHERE still.id = ANY(%(ids)s::bigint[]))
 ORDER BY verdict.n  -- journal ids in batch order
 RETURNING job_id, attempt, outcome
+)
+"""
+
+# The batch's own rows, and for each whether the job has dependents left to resolve.
+# `dependents` as the update saw it: it counts dependents enqueued after the claim
+# too, by an enqueue that the update waited for.
+_FINISH_TAIL_SQL = """
+SELECT journaled.job_id, journaled.attempt, journaled.outcome,
+       journaled.job_id IN (SELECT id FROM applied WHERE applied.dependents > 0)
+FROM journaled
+"""
+
+# The same, resolving in the statement the dependents of the jobs it completes (see
+# `dependencies.py`): their edges are marked resolved and counted off their waiting
+# dependents, which become ready (and wake their queues' workers) at zero. Both
+# updates lock their rows and re-read them if another transaction changed them, so
+# of two verdicts finishing a dependent's last two dependencies at once exactly one
+# takes it to zero. The statement sees the edges committed before it started; an
+# enqueue that added dependents after that, and that the update of the job waited
+# for, changed its `dependents` since the statement's snapshot (`seen`): such a job
+# is reported as having dependents left to resolve, and so is one that did not
+# complete (its dependents may have to be cancelled).
+_FINISH_RESOLVING_TAIL_SQL = """
+, seen AS (SELECT id, dependents FROM {job} WHERE id = ANY(%(ids)s::bigint[])),
+finished AS (SELECT id FROM applied WHERE state = %(completed)s AND dependents > 0),
+counted AS (
+    UPDATE {dependency} AS edge SET resolved = true
+    FROM finished
+    WHERE edge.dependency_id = finished.id AND NOT edge.resolved
+    RETURNING edge.dependent_id
+),
+counts AS (SELECT dependent_id, count(*) AS done FROM counted GROUP BY dependent_id),
+readied AS (
+    UPDATE {job} AS job
+    SET waiting_for = greatest(job.waiting_for - counts.done, 0),
+        state = CASE WHEN job.waiting_for <= counts.done THEN %(ready)s ELSE job.state END
+    FROM counts
+    WHERE job.id = counts.dependent_id AND job.state = %(waiting)s
+    RETURNING job.state, job.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, queue)
+    FROM (SELECT DISTINCT queue FROM readied WHERE state = %(ready)s) AS queues
+)
+SELECT journaled.job_id, journaled.attempt, journaled.outcome,
+       journaled.job_id IN (
+           SELECT applied.id FROM applied JOIN seen ON seen.id = applied.id
+           WHERE applied.dependents > 0
+             AND (applied.state <> %(completed)s OR applied.dependents <> seen.dependents)
+       ),
+       (SELECT count(*) FROM woken)
+FROM journaled
 """
 
 
@@ -156,28 +220,49 @@ def _write_postgresql(
 ) -> set[AppliedRun]:
     # Only a job going back to `ready` can need a dedup fold (more statements, one
     # transaction); otherwise the verdicts are one statement, atomic on its own,
-    # which spares the BEGIN and COMMIT round trips.
+    # which spares the BEGIN and COMMIT round trips. Jobs with dependents that
+    # complete resolve them in that statement; a batch where one fails or goes back
+    # to ready resolves them in the verdicts' transaction, after the statement.
     may_fold = any(v.state == State.READY for v in verdicts)
-    if may_fold:  # the SETs of the session would not outlast the transaction
+    known = [v for v in verdicts if v.job.has_dependents]
+    resolving = bool(known) and not may_fold and all(v.state == State.COMPLETED for v in known)
+    in_transaction = may_fold or (bool(known) and not resolving)
+    if in_transaction:  # the SETs of the session would not outlast the transaction
         statements.prime_session(alias, statements.WORKER_SESSION)
-    with transaction.atomic(using=alias) if may_fold else nullcontext():
+    with transaction.atomic(using=alias) if in_transaction else nullcontext():
         batch, folds = _folded(alias, verdicts, repeats)
-        rows = _finish_postgresql(alias, worker, batch, repeats)
+        rows = _finish_postgresql(alias, worker, batch, repeats, resolving=resolving)
         dedup.finish_folds(alias, folds)
-    discarded = JournalOutcome.DISCARDED
-    return {(job_id, attempt) for job_id, attempt, outcome in rows if outcome != discarded}
+        discarded = JournalOutcome.DISCARDED
+        unresolved = [row[0] for row in rows if row[3] and row[2] != discarded]
+        if unresolved and in_transaction:
+            dependencies.resolve(alias, unresolved)
+    if unresolved and not in_transaction:
+        # Dependents enqueued while the job ran (after its claim, or after the
+        # statement started), or of a job that failed: see `dependencies.py`.
+        with transaction.atomic(using=alias):
+            dependencies.resolve(alias, unresolved)
+    return {(row[0], row[1]) for row in rows if row[2] != discarded}
 
 
 def _finish_postgresql(
-    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+    alias: str,
+    worker: str,
+    verdicts: Sequence[Verdict],
+    repeats: Sequence[bool],
+    *,
+    resolving: bool = False,
 ) -> list[tuple[Any, ...]]:
-    """Run the finish statement: apply the verdicts that are not `repeats`, journal all."""
+    """Run the finish statement: apply the verdicts that are not `repeats`, journal all;
+    with `resolving`, resolve the dependents of the jobs it completes too."""
     connection = connections[alias]
-    sql = _FINISH_SQL.format(
+    tail = _FINISH_RESOLVING_TAIL_SQL if resolving else _FINISH_TAIL_SQL
+    sql = (_FINISH_SQL + tail).format(
         job=connection.ops.quote_name(Job._meta.db_table),
         journal=connection.ops.quote_name(JournalEntry._meta.db_table),
+        dependency=connection.ops.quote_name(Dependency._meta.db_table),
     )
-    params = {
+    params: dict[str, Any] = {
         "ids": [v.job.id for v in verdicts],
         "tokens": [v.job.claim_token for v in verdicts],
         "attempts": [v.job.attempt for v in verdicts],
@@ -201,6 +286,13 @@ def _finish_postgresql(
         "progress": [json.dumps(v.progress) if v.set_progress else None for v in verdicts],
         "repeats": list(repeats),
     }
+    if resolving:
+        params.update(
+            completed=State.COMPLETED.value,
+            ready=State.READY.value,
+            waiting=State.WAITING.value,
+            channel=venturi_settings.NOTIFY_CHANNEL,
+        )
     return statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
 
 
@@ -217,19 +309,39 @@ def _write_orm(
             .filter(id__in=[v.job.id for v in batch])
             .values_list("id", flat=True)
         )
+        with_dependents: list[int] = []
         for verdict, repeat in zip(batch, repeats, strict=True):
             if verdict.job.id not in existing:
                 continue
-            outcome = None if repeat else _apply_orm(alias, verdict, now)
+            outcome, has_dependents = (None, False) if repeat else _apply(alias, verdict, now)
             if outcome is not None:
                 applied.add((verdict.job.id, verdict.job.attempt))
+            if has_dependents:
+                with_dependents.append(verdict.job.id)
             entries.append(_entry(verdict, worker, now, outcome or JournalOutcome.DISCARDED))
         JournalEntry.objects.using(alias).bulk_create(entries)
         dedup.finish_folds(alias, folds)
+        dependencies.resolve(alias, with_dependents)
     return applied
 
 
-def _apply_orm(alias: str, verdict: Verdict, now: datetime) -> JournalOutcome | None:
+def _apply(alias: str, verdict: Verdict, now: datetime) -> tuple[JournalOutcome | None, bool]:
+    """`_apply_orm`, and whether the job has dependents to resolve.
+
+    A job claimed without dependents is written fenced by that too: no extra query
+    unless one was enqueued after it while it ran (or the run lost its claim).
+    """
+    if not verdict.job.has_dependents:
+        outcome = _apply_orm(alias, verdict, now, Q(dependents=0))
+        if outcome is not None:
+            return outcome, False
+    outcome = _apply_orm(alias, verdict, now)
+    return outcome, outcome is not None
+
+
+def _apply_orm(
+    alias: str, verdict: Verdict, now: datetime, fence: Q | None = None
+) -> JournalOutcome | None:
     """Apply one verdict, fenced by its claim; the outcome to journal, or None if it was
     not applied (the run had lost its claim)."""
     changes: dict[str, object] = {
@@ -252,7 +364,7 @@ def _apply_orm(alias: str, verdict: Verdict, now: datetime) -> JournalOutcome | 
     if verdict.error.type:
         changes["last_error"] = f"{verdict.error.type}: {verdict.error.message}"
     fenced = Job.objects.using(alias).filter(
-        id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
+        fence or Q(), id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
     )
     if verdict.state != State.READY:
         return verdict.outcome if fenced.update(**changes) else None

@@ -163,6 +163,29 @@ class Context:
         heartbeat = closing_broken_on_error(self._heartbeat)
         return await sync_to_async(heartbeat, thread_sensitive=False)()
 
+    def dependency_results(self) -> dict[int, Any]:
+        """`{job_id: result}` of the jobs this one was enqueued after (`enqueue(after=...)`).
+
+        A result is what the job's `Outcome.completed(result=...)` stored, or None
+        (no result, or a dependency that did not complete, with `after_failure="run"`).
+        A dependency deleted by cleanup is missing.
+        """
+        from django_venturi.models import Dependency
+
+        return dict(
+            Dependency.objects.using(self.database)
+            .filter(dependent_id=self.job_id)
+            .order_by("dependency_id")
+            .values_list("dependency_id", "dependency__result")
+        )
+
+    async def adependency_results(self) -> dict[int, Any]:
+        """`dependency_results()` for `async def` handlers."""
+        from asgiref.sync import sync_to_async
+
+        results = closing_broken_on_error(self.dependency_results)
+        return await sync_to_async(results, thread_sensitive=False)()
+
     async def ajournal(self) -> list[JournalEntry]:
         """`journal` for `async def` handlers."""
         from asgiref.sync import sync_to_async

@@ -30,7 +30,7 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from django_venturi import text
+from django_venturi import dependencies, text
 from django_venturi.clock import check_representable, database_time
 from django_venturi.codec import PayloadError
 from django_venturi.registry import TaskSpec, UnknownKind, registry
@@ -392,6 +392,7 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
         others.sort(key=lambda job: job.pk)
         fold = _fold(alias, survivor, returning[survivor.pk, survivor.claim_token], others, now)
         folds.append(fold)
+        dependencies.move_dependents(alias, fold.absorbed, survivor.pk)
         cancelled_runs.update(
             (job_id, locked[job_id].claim_token) for job_id in fold.absorbed if job_id in locked
         )

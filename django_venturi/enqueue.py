@@ -22,7 +22,7 @@ from django.db import connections, transaction
 from django.db.models import NOT_PROVIDED
 from django.utils import timezone
 
-from django_venturi import dedup, merging, statements
+from django_venturi import dedup, dependencies, merging, statements
 from django_venturi.backoff import MAX_DELAY
 from django_venturi.clock import check_representable
 from django_venturi.conf import venturi_settings
@@ -64,10 +64,19 @@ def enqueue_one(
     priority: Priority | None = None,
     queue: str | None = None,
     using: str | None = None,
+    after: Iterable[Job | int] | None = None,
+    after_failure: str = "cancel",
 ) -> Job:
     """Insert one job; see `Task.enqueue`."""
     (job,) = enqueue_many(
-        [instance], delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+        [instance],
+        delay=delay,
+        run_at=run_at,
+        priority=priority,
+        queue=queue,
+        using=using,
+        after=after,
+        after_failure=after_failure,
     )
     return job
 
@@ -80,6 +89,8 @@ def enqueue_many(
     priority: Priority | None = None,
     queue: str | None = None,
     using: str | None = None,
+    after: Iterable[Job | int] | None = None,
+    after_failure: str = "cancel",
 ) -> list[Job]:
     """Insert many jobs (of any kinds) in the caller's transaction, one INSERT per batch.
 
@@ -96,12 +107,18 @@ def enqueue_many(
 
     Jobs with a dedup key are written one by one after the others, each one
     merged with the live job of its key (or with an earlier one of the batch).
+
+    With `after` (jobs or ids), every job waits until all of those complete (see
+    `dependencies.py`); `after_failure="run"` runs them even if some fail or are
+    cancelled. Raises `UnknownDependency` for an id with no job.
     """
     new_jobs = [
         prepare(instance, delay=delay, run_at=run_at, priority=priority, queue=queue)
         for instance in instances
     ]
     alias = job_database(using)
+    if after is not None:
+        return _enqueue_after(alias, new_jobs, after, after_failure)
     plain = [job for job in new_jobs if job.dedup_key is None]
     if len(plain) == len(new_jobs):
         # One batch is one statement, atomic on its own; more are one transaction,
@@ -113,6 +130,25 @@ def enqueue_many(
                 jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
         return jobs
     return _enqueue_mixed(alias, new_jobs)
+
+
+def _enqueue_after(
+    alias: str, new_jobs: Sequence[NewJob], after: Iterable[Job | int], after_failure: str
+) -> list[Job]:
+    """Insert jobs that wait for `after`, with their edges, in one transaction."""
+    ids = dependencies.dependency_ids(after)
+    run_after_failure = dependencies.check_after_failure(after_failure)
+    if any(job.dedup_key is not None for job in new_jobs):
+        raise ValueError("a job with a dedup key cannot be enqueued after other jobs")
+    with transaction.atomic(using=alias):
+        waits_for = dependencies.lock(
+            alias, ids, jobs=len(new_jobs), run_after_failure=run_after_failure
+        )
+        jobs: list[Job] = []
+        for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
+            jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
+        dependencies.attach(alias, jobs, waits_for)
+    return jobs
 
 
 def _enqueue_mixed(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from django_venturi import backend_runner, verdicts
+from django_venturi.atomic import run_atomically
 from django_venturi.claim import ClaimedJob
 from django_venturi.codec import PayloadError
 from django_venturi.context import Context, Flag
@@ -131,6 +132,8 @@ class Execution:
             return self._judged(prepared)
         spec, instance, context = prepared
         try:
+            if spec.atomic:
+                return self._run_atomically(spec, instance, context)
             result = instance.handle(context)
         except BaseException as error:
             # The handler boundary: even SystemExit from a handler must become a
@@ -139,6 +142,15 @@ class Execution:
             outcome = JournalOutcome.TIMEOUT if self.timed_out.is_set() else JournalOutcome.RETRY
             return self._judged(verdicts.from_exception(self.job, spec, error, outcome=outcome))
         return self._judged(verdicts.from_outcome(self.job, spec, result))
+
+    def _run_atomically(self, spec: TaskSpec, instance: Any, context: Context) -> Verdict:
+        """The handler and its verdict in one transaction (see `atomic.py`)."""
+        return run_atomically(
+            self._database,
+            self.worker,
+            lambda: instance.handle(context),
+            lambda result: self._judged(verdicts.from_outcome(self.job, spec, result)),
+        )
 
     async def run_async(self) -> Verdict:
         """Run an `async def` handler on the calling event loop, cancelled at its timeout."""

@@ -59,6 +59,14 @@ class Job(models.Model):
     periodic_tick = models.DateTimeField(
         null=True, blank=True, help_text="The cron tick this periodic job was enqueued for."
     )
+    waiting_for = models.PositiveIntegerField(
+        db_default=0, help_text="Dependencies not finished yet (a waiting job)."
+    )
+    dependents = models.PositiveIntegerField(
+        db_default=0,
+        help_text="Jobs enqueued after this one while it was unfinished (its verdict "
+        "resolves them).",
+    )
 
     class Meta:
         indexes = [
@@ -113,6 +121,10 @@ class Job(models.Model):
             ),
             models.CheckConstraint(
                 condition=~Q(dedup_key=""), name="venturi_job_dedup_key_not_empty"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.WAITING) | Q(waiting_for__gt=0),
+                name="venturi_job_waiting_has_dependencies",
             ),
             # Periodic jobs: one job per kind and cron tick, however many workers
             # reach the tick at once.
@@ -170,6 +182,38 @@ class JournalEntry(models.Model):
 
     def __str__(self) -> str:
         return f"job #{self.job_id} attempt {self.attempt}: {self.outcome}"
+
+
+class Dependency(models.Model):
+    """One edge of a workflow: `dependent` waits for `dependency` to finish."""
+
+    dependent = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependency_links")
+    dependency = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependent_links")
+    run_after_failure = models.BooleanField(
+        default=False, help_text="Run the dependent even if this dependency fails or is cancelled."
+    )
+    resolved = models.BooleanField(
+        default=False, help_text="The dependency finished and the dependent has counted it."
+    )
+
+    class Meta:
+        verbose_name_plural = "dependencies"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dependency", "dependent"], name="venturi_dependency_uniq"
+            ),
+        ]
+        # A verdict finds the unresolved edges of the jobs it finishes here.
+        indexes = [
+            models.Index(
+                fields=["dependency"],
+                name="venturi_dependency_open_idx",
+                condition=Q(resolved=False),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job #{self.dependent_id} after job #{self.dependency_id}"
 
 
 class WorkerProcess(models.Model):

@@ -27,6 +27,9 @@ class Outcome:
     """The checkpoint handed to the next run (paused only)."""
     after: timedelta | None = None
     """How long to wait before the next run (paused and retry); cut to `MAX_DELAY` (100 years)."""
+    result: Any = None
+    """What the job produced (completed only): plain JSON, stored in `Job.result` and
+    read by the jobs enqueued after it (`ctx.dependency_results()`)."""
     reason: str = ""
     """Why the job failed (failed only). Characters PostgreSQL cannot store (NUL,
     surrogates) are replaced when the journal records it: see `django_venturi.text`."""
@@ -41,9 +44,14 @@ class Outcome:
             )
 
     @classmethod
-    def completed(cls) -> Outcome:
-        """Finish the job successfully."""
-        return cls(OutcomeKind.COMPLETED)
+    def completed(cls, result: Any = None) -> Outcome:
+        """Finish the job successfully, storing `result` if given.
+
+        `result` must be plain JSON (str, int, float, bool, None, lists and dicts of
+        them, dicts keyed by str), checked as a payload's untyped fields are; a result
+        that does not fit fails the job permanently.
+        """
+        return cls(OutcomeKind.COMPLETED, result=result)
 
     @classmethod
     def paused(cls, carry: Any, after: timedelta | None = None) -> Outcome:

@@ -64,6 +64,9 @@ class TaskSpec:
     """How long one run may take before it is asked to stop (see worker timeouts)."""
     rate_limit: RateLimit | None = None
     """At most so many starts per window, across all workers (see `rate_limits.py`)."""
+    atomic: bool = False
+    """Whether the handler runs in a transaction that also writes its verdict (see
+    `atomic.py`)."""
 
     @property
     def is_async(self) -> bool:

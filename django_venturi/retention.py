@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.db.models import QuerySet
 
-from django_venturi import registration, tallies
+from django_venturi import dependencies, registration, tallies
 from django_venturi.clock import database_time, now_expression
 from django_venturi.conf import venturi_settings
 from django_venturi.states import FINISHED_STATES, State
@@ -127,11 +127,33 @@ def delete_jobs(jobs: QuerySet[Job], *, using: str) -> tuple[int, dict[str, int]
     """Delete `jobs` (in any state) and their journals, keeping the stats' figures.
 
     Their journal entries of the stats' window are folded into run tallies in
-    the transaction of the delete. Return what `QuerySet.delete()` returns.
+    the transaction of the delete. Jobs waiting for an unfinished job deleted here
+    are cancelled as if it had been (see `dependencies.py`). Return what
+    `QuerySet.delete()` returns.
     """
     since = tallies.window_start(database_time(using))
     with transaction.atomic(using=using):
+        _cancel_waiting_for(using, jobs.using(using))
         return _fold_and_delete(using, jobs.using(using), since)
+
+
+def _cancel_waiting_for(alias: str, jobs: QuerySet[Job]) -> None:
+    """End the unfinished jobs of `jobs` that have dependents `cancelled`, resolving those."""
+    unfinished = list(
+        jobs.filter(dependents__gt=0)
+        .exclude(state__in=FINISHED_STATES)
+        .values_list("id", flat=True)
+    )
+    if not unfinished:
+        return
+    jobs.filter(id__in=unfinished).update(
+        state=State.CANCELLED,
+        finished_at=now_expression(alias),
+        waiting_for=0,
+        claim_token=None,
+        lease_expires_at=None,
+    )
+    dependencies.resolve(alias, unfinished)
 
 
 def _fold_and_delete(

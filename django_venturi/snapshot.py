@@ -94,7 +94,7 @@ class Stats:
 
     taken_at: datetime
     live: dict[tuple[str, str, str], int]
-    """(state, kind, queue) -> jobs, for `ready` and `running`."""
+    """(state, kind, queue) -> jobs, for `waiting`, `ready` and `running`."""
     due: dict[str, int]
     """queue -> ready jobs whose `run_at` has come."""
     oldest_due_age: dict[str, timedelta]
@@ -120,6 +120,11 @@ class Stats:
     def ready(self) -> int:
         """Ready jobs, due or not."""
         return sum(n for (state, _, _), n in self.live.items() if state == State.READY)
+
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting for their dependencies (not counted as ready)."""
+        return sum(n for (state, _, _), n in self.live.items() if state == State.WAITING)
 
     @property
     def running(self) -> int:
@@ -157,6 +162,7 @@ class Stats:
         return {
             "taken_at": self.taken_at.isoformat(),
             "ready": self.ready,
+            "waiting": self.waiting,
             "running": self.running,
             "live": [
                 {"state": state, "kind": kind, "queue": queue, "jobs": n}
@@ -205,7 +211,7 @@ def stats(*, using: str | None = None, stale_after: timedelta | None = None) -> 
     jobs = Job.objects.using(alias)
     live = {
         (row["state"], row["kind"], row["queue"]): row["jobs"]
-        for row in jobs.filter(state__in=[State.READY, State.RUNNING])
+        for row in jobs.filter(state__in=[State.WAITING, State.READY, State.RUNNING])
         .values("state", "kind", "queue")
         .annotate(jobs=Count("id"))
         .order_by()

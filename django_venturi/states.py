@@ -8,6 +8,8 @@ from django.db import models
 class State(models.TextChoices):
     """Where a job is in its life (see the lifecycle in docs/guide.md)."""
 
+    WAITING = "waiting", "waiting"
+    """Waiting for its dependencies (`enqueue(after=...)`) to complete; never claimed."""
     READY = "ready", "ready"
     """Waiting to be claimed; `run_at` may be in the future."""
     RUNNING = "running", "running"
@@ -21,7 +23,7 @@ class State(models.TextChoices):
 
 
 FINISHED_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED)
-LIVE_STATES = (State.READY, State.RUNNING)
+LIVE_STATES = (State.WAITING, State.READY, State.RUNNING)
 
 
 class JournalOutcome(models.TextChoices):

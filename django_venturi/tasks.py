@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -12,6 +13,7 @@ from django.db import transaction
 
 from django_venturi.backoff import Fibonacci
 from django_venturi.conf import venturi_settings
+from django_venturi.dependencies import AfterFailure, check_after_failure, dependency_ids
 from django_venturi.rate_limits import RateLimit
 from django_venturi.registry import (
     MAX_KIND_LENGTH,
@@ -46,12 +48,25 @@ class Task:
         priority: Priority | None = None,
         queue: str | None = None,
         using: str | None = None,
+        after: Iterable[Job | int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> Job:
-        """Write this job in the caller's current transaction and return its row."""
+        """Write this job in the caller's current transaction and return its row.
+
+        With `after` (jobs or ids), the job is `waiting` until all of them complete;
+        if one fails or is cancelled, so is this job, unless `after_failure="run"`.
+        """
         from django_venturi.enqueue import enqueue_one
 
         job = enqueue_one(
-            self, delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+            self,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            using=using,
+            after=after,
+            after_failure=after_failure,
         )
         if venturi_settings.TESTING_EAGER:
             from django_venturi.inline import run_enqueued
@@ -67,15 +82,25 @@ class Task:
         priority: Priority | None = None,
         queue: str | None = None,
         using: str | None = None,
+        after: Iterable[Job | int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> None:
         """Enqueue when the current transaction commits (at once outside a transaction)."""
         from django_venturi.enqueue import job_database, prepare
 
         # Refuse a bad payload or option now, not in a callback after the commit.
         prepare(self, delay=delay, run_at=run_at, priority=priority, queue=queue)
+        waits_for = None if after is None else dependency_ids(after)
+        check_after_failure(after_failure)
         transaction.on_commit(
             lambda: self.enqueue(
-                delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                queue=queue,
+                using=using,
+                after=waits_for,
+                after_failure=after_failure,
             ),
             using=job_database(using),
         )
@@ -88,10 +113,18 @@ class Task:
         priority: Priority | None = None,
         queue: str | None = None,
         using: str | None = None,
+        after: Iterable[Job | int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> Job:
         """The async form of `enqueue`."""
         return await sync_to_async(self.enqueue)(
-            delay=delay, run_at=run_at, priority=priority, queue=queue, using=using
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            using=using,
+            after=after,
+            after_failure=after_failure,
         )
 
 
@@ -116,6 +149,7 @@ def task(
     carry: Any = None,
     timeout: timedelta | None = None,
     rate_limit: RateLimit | None = None,
+    atomic: bool = False,
 ) -> Callable[[T], T]: ...
 
 
@@ -134,12 +168,17 @@ def task(
     carry: Any = None,
     timeout: timedelta | None = None,
     rate_limit: RateLimit | None = None,
+    atomic: bool = False,
 ) -> T | Callable[[T], T]:
     """Register a dataclass with a `handle(self, ctx)` method as a task.
 
     Use it as `@venturi.task` or `@venturi.task(kind=..., queue=..., ...)`, above
     `@dataclasses.dataclass`. The class gains `enqueue`, `enqueue_on_commit` and
     `aenqueue`. Errors in the declaration are raised at import time.
+
+    `atomic=True` runs the handler inside `transaction.atomic()` on the jobs'
+    database and writes the job's verdict in that same transaction, fenced by
+    the run's claim: a run that lost its claim, or raised, commits nothing.
     """
 
     def register(target: T) -> T:
@@ -156,6 +195,7 @@ def task(
             carry=carry,
             timeout=timeout,
             rate_limit=rate_limit,
+            atomic=atomic,
         )
         for name in _ENQUEUE_METHODS:
             if not hasattr(target, name):
@@ -198,6 +238,12 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
     if not isinstance(options["priority"], int) or options["priority"] not in Priority.values:
         raise RegistrationError(f"{name}: priority must be a venturi.Priority")
     _check_rate_limit(target, name, options["rate_limit"])
+    if not isinstance(options["atomic"], bool):
+        raise RegistrationError(f"{name}: atomic must be True or False")
+    if options["atomic"] and inspect.iscoroutinefunction(target.handle):  # type: ignore[attr-defined]
+        raise RegistrationError(
+            f"{name}: atomic=True needs a sync handle(): a transaction cannot span awaits"
+        )
     return TaskSpec(
         cls=target,
         kind=kind,
@@ -211,6 +257,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
         carry=options["carry"],
         timeout=options["timeout"],
         rate_limit=options["rate_limit"],
+        atomic=options["atomic"],
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django_venturi import text
+from django_venturi import codec, text
 from django_venturi.backoff import Fibonacci, clamp_delay
 from django_venturi.claim import ClaimedJob
 from django_venturi.conf import venturi_settings
@@ -114,6 +114,9 @@ class Verdict:
     """The JSON return value to store in `Job.result`, when `set_result` (Django Tasks jobs)."""
     after_write: Callable[[bool], None] | None = None
     """Called by the worker once the verdict is written, with whether it applied."""
+    written: bool = False
+    """Already applied, in the transaction of an atomic handler (`atomic.py`): the
+    worker only does what follows a write."""
 
 
 def completed(job: ClaimedJob) -> Verdict:
@@ -198,7 +201,7 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
             ),
         )
     if result.kind is OutcomeKind.COMPLETED:
-        return completed(job)
+        return _completed_with(job, result.result)
     if result.kind is OutcomeKind.PAUSED:
         try:
             carry = spec.encode_carry(result.carry)
@@ -218,6 +221,17 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
         )
         return retry(job, spec, asked, after=result.after)
     return failed(job, ErrorInfo.from_reason(result.reason, type=f"{OUTCOME_TYPE_PREFIX}failed"))
+
+
+def _completed_with(job: ClaimedJob, result: Any) -> Verdict:
+    """Completed, storing the handler's result (plain JSON) if it gave one."""
+    if result is None:
+        return completed(job)
+    try:
+        stored = codec.encode_value(result, Any, "result")
+    except Exception as error:  # a PayloadError, or whatever the value's methods raised
+        return failed(job, ErrorInfo.from_exception(error))
+    return dataclasses.replace(completed(job), set_result=True, result=stored)
 
 
 def from_exception(

@@ -101,6 +101,7 @@ DOCS_EXAMPLE_TASK_MODULES = [
         "flow_control",
         "dedup",
         "long_running",
+        "workflows",
     )
 ]
 # The Tasks how-to's example: it imports only where a Tasks framework is installed (the
@@ -118,6 +119,7 @@ VENTURI = {
         "tests.testapp.scheduling_tasks",
         "tests.testapp.dedup_tasks",
         "tests.testapp.control_tasks",
+        "tests.testapp.workflow_tasks",
         "tests.testapp.hardening_tasks",
         "tests.testapp.text_tasks",
         "tests.testapp.flow_tasks",

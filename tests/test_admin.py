@@ -698,3 +698,44 @@ def test_the_admin_reads_jobs_from_the_venturi_database(admin_client: Client) ->
         act(admin_client, "cancel_jobs", [job], confirm=True)
         assert Job.objects.using("sqlite").get(pk=job.pk).state == "cancelled"
         assert "tests.admin_login" in admin_client.get(STATS).content.decode()
+
+
+# ---------------------------------------------------------------- workflows
+
+
+def test_job_page_lists_dependencies_and_dependents_with_their_states(
+    admin_client: Client,
+) -> None:
+    first, second, third = venturi.chain(
+        tasks.Noop(n=1), tasks.Noop(n=2), tasks.Noop(n=3)
+    ).enqueue()
+    page = admin_client.get(reverse("admin:django_venturi_job_change", args=[second.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    workflow = html.split("Enqueued after:")[1]
+    first_url = reverse("admin:django_venturi_job_change", args=[first.pk])
+    third_url = reverse("admin:django_venturi_job_change", args=[third.pk])
+    assert f'<a href="{first_url}">#{first.pk} tests.noop</a>' in workflow
+    assert '<span class="venturi-state venturi-ready">ready</span>' in workflow
+    dependents = workflow.split("Jobs enqueued after it:")[1]
+    assert f'<a href="{third_url}">#{third.pk} tests.noop</a>' in dependents
+    assert '<span class="venturi-state venturi-waiting">waiting</span>' in dependents
+    assert f'<a href="{first_url}">' not in dependents
+
+
+def test_job_list_filters_waiting_jobs_and_says_what_they_wait_for(admin_client: Client) -> None:
+    first = tasks.Noop(n=1).enqueue()
+    waiting = tasks.Noop(n=2).enqueue(after=[first])
+    html = admin_client.get(f"{CHANGELIST}?state__exact=waiting").content.decode()
+    assert f"#{waiting.pk}" in html or f">{waiting.pk}<" in html
+    assert f">{first.pk}<" not in html
+    assert "for 1 dependency" in html
+    assert "?state__exact=waiting" in admin_client.get(CHANGELIST).content.decode()
+
+
+def test_stats_page_counts_waiting_jobs_apart_from_ready_ones(admin_client: Client) -> None:
+    venturi.group([tasks.Noop(n=i) for i in range(3)], then=tasks.Noop(n=9)).enqueue()
+    assert (venturi.stats().ready, venturi.stats().waiting) == (3, 1)
+    page = admin_client.get(STATS).content.decode()
+    assert "<strong>3</strong> ready, <strong>1</strong> waiting" in page
+    assert "<td>default</td><td>3</td><td>1</td><td>0</td>" in page

@@ -46,6 +46,7 @@ from docs.examples import (
     periodic,
     quickstart,
     scheduling,
+    workflows,
 )
 from tests.conftest import Workers, wait_until
 
@@ -586,3 +587,40 @@ def test_django_tasks_enqueue_run_and_read_back(workers: Workers) -> None:
     )
     completed = venturi.history(kind=job.kind, outcome=venturi.JournalOutcome.COMPLETED)
     assert {entry.job_id for entry in completed} == {int(lower.id), int(result_id)}
+
+
+def test_workflows_run_in_order_and_pass_results_on(workers: Workers) -> None:
+    fetch, index = workflows.crawl("https://example.com/a")
+    assert (fetch.state, index.state) == (venturi.State.READY, venturi.State.WAITING)
+    chained = workflows.crawl_chained("https://example.com/b")
+    workers.burst("default")
+
+    for job in (fetch, index, *chained):
+        job.refresh_from_db()
+        assert job.state == venturi.State.COMPLETED
+    assert index.result == {"indexed": len("<h1>https://example.com/a</h1>")}
+    assert index.started_at > fetch.finished_at
+
+
+def test_a_group_reports_once_after_every_member(workers: Workers) -> None:
+    ops, dev = Group.objects.create(name="ops"), Group.objects.create(name="dev")
+    for name, groups in (("ada", [ops, dev]), ("bob", [dev])):
+        User.objects.create(username=name).groups.set(groups)
+    counts, report = workflows.report_all_groups()
+    assert len(counts) == 2
+    workers.burst("default", "--concurrency", "4")
+
+    report.refresh_from_db()
+    assert report.state == venturi.State.COMPLETED and report.result == {"total": 3}
+    assert journal(report) == ["completed"]
+
+
+def test_an_atomic_handler_commits_its_writes_with_its_job(workers: Workers) -> None:
+    owner = User.objects.create(username="ada")
+    job = workflows.OpenTeam(name="ops", owner_id=owner.pk).enqueue()
+    workers.burst("default")
+
+    job.refresh_from_db()
+    team = Group.objects.get(name="ops")
+    assert job.state == venturi.State.COMPLETED and job.result == team.pk
+    assert list(owner.groups.all()) == [team]

@@ -86,7 +86,7 @@ def test_venturi_stats_command(alias: str) -> None:
     tasks.Noop(n=1).enqueue(using=alias)
     out = io.StringIO()
     call_command("venturi_stats", "--database", alias, stdout=out)
-    assert "1 ready, 0 running" in out.getvalue()
+    assert "1 ready, 0 waiting, 0 running" in out.getvalue()
     out = io.StringIO()
     call_command("venturi_stats", "--json", "--database", alias, stdout=out)
     assert json.loads(out.getvalue())["ready"] == 1

@@ -4,6 +4,7 @@ SinkJob: an int payload, a handler that appends (i, time) to the sink (W1-W3).
 CountJob: a keyed task whose clashes add up their `count` (W7, dedup under contention).
 LimitedJob: a rate-limited kind, registered only when VENTURI_BENCH_RATE_LIMITED is set
 (benchmarks/flow_control.py: a plain drain with and without a limited kind present).
+StepJob: does nothing; the steps of the workflow benchmarks (benchmarks/workflows.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ class CountJob(venturi.Task):
     def merge(self, existing: venturi.Existing[CountJob]) -> venturi.Merge:
         merged = dataclasses.replace(existing.payload, count=existing.payload.count + self.count)
         return venturi.Merge.update(merged)
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="bench.step")
+@dataclasses.dataclass
+class StepJob(venturi.Task):
+    i: int
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         return venturi.Outcome.completed()

@@ -31,8 +31,8 @@ ORPHAN_CAUSES = (
 
 class Command(BaseCommand):
     help = (
-        "Show ready and running jobs by kind and queue, queue latency, and the last hour's "
-        "completed and failed jobs, retried and other runs."
+        "Show ready, waiting and running jobs by kind and queue, queue latency, and the last "
+        "hour's completed and failed jobs, retried and other runs."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -126,7 +126,8 @@ def render(snapshot: Stats) -> str:
     """The snapshot as a plain-text report."""
     lines = [
         f"venturi at {snapshot.taken_at:%Y-%m-%d %H:%M:%S %Z}: "
-        f"{snapshot.ready} ready, {snapshot.running} running; last hour "
+        f"{snapshot.ready} ready, {snapshot.waiting} waiting, {snapshot.running} running; "
+        "last hour "
         f"{snapshot.completed_last_hour} completed, {snapshot.failed_last_hour} failed jobs "
         f"({snapshot.failure_rate:.1%} failed), {runs(snapshot.retried_last_hour, 'retried')}, "
         f"{runs(snapshot.other_last_hour, 'other')}",

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_venturi', '0009_operator_memory'),
+        ('django_venturi', '0010_workflows'),
     ]
 
     operations = [

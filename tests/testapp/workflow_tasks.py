@@ -1,0 +1,74 @@
+"""Tasks of the workflow tests: steps that record their order and pass results on."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import django_venturi as venturi
+from tests.testapp.models import Record
+
+
+@venturi.task(kind="tests.workflow.step")
+@dataclasses.dataclass
+class Step(venturi.Task):
+    name: str
+    fail: bool = False
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        Record.objects.using(ctx.database).create(
+            job_id=ctx.job_id,
+            kind="step",
+            attempt=ctx.attempt,
+            value={"name": self.name, "seen": sorted(ctx.dependency_results().values(), key=str)},
+        )
+        if self.fail:
+            return venturi.Outcome.failed(f"{self.name} fails on purpose")
+        return venturi.Outcome.completed(result=self.name)
+
+
+@venturi.task(kind="tests.workflow.summary")
+@dataclasses.dataclass
+class Summary(venturi.Task):
+    batch: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        results = ctx.dependency_results()
+        Record.objects.using(ctx.database).create(
+            job_id=ctx.job_id, kind="summary", attempt=ctx.attempt, value=len(results)
+        )
+        return venturi.Outcome.completed(result={"members": len(results)})
+
+
+@venturi.task(
+    kind="tests.atomic.write",
+    atomic=True,
+    lease=timedelta(seconds=2),
+    max_attempts=3,
+    backoff=venturi.Fibonacci(base=timedelta(0), cap=timedelta(0)),
+)
+@dataclasses.dataclass
+class AtomicWrite(venturi.Task):
+    """Writes a Record in its transaction; its first run may stall after the write."""
+
+    stall_in: str = ""
+    """A directory: the first run touches `written` there after its write, then waits
+    (at most a minute) for `go` to appear."""
+    fail: bool = False
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        Record.objects.using(ctx.database).create(
+            job_id=ctx.job_id, kind="atomic", attempt=ctx.attempt, value=os.getpid()
+        )
+        if self.fail:
+            raise RuntimeError("fails after its write")
+        if self.stall_in and ctx.attempt == 1:
+            folder = Path(self.stall_in)
+            (folder / "written").touch()
+            deadline = time.monotonic() + 60
+            while not (folder / "go").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return venturi.Outcome.completed(result=ctx.attempt)
