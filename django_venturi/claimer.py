@@ -1,5 +1,6 @@
-"""The claim loop: claims due jobs into free handler slots, recovers expired leases,
-and runs the periodic scheduler. It runs in the worker's main thread.
+"""The claim loop: claims due jobs into free handler slots, recovers expired leases
+and the dependents a killed worker left waiting, and runs the periodic scheduler.
+It runs in the worker's main thread.
 
 Each step goes through `DatabaseHealth.guarded`: a lost database, a deadlock,
 a refused statement or a bug in one step is logged, and the loop goes on after
@@ -9,12 +10,13 @@ worker finds nothing more to do, or when the supervisor saw a service die.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from django_venturi import leases
+from django_venturi import dependencies, leases
 from django_venturi.claim import (
     ClaimedJob,
     ClaimRequest,
@@ -35,6 +37,8 @@ from django_venturi.scheduling import TierClock
 from django_venturi.supervision import DatabaseHealth, Streak
 
 T = TypeVar("T")
+
+logger = logging.getLogger("django_venturi.worker")
 
 PREFETCH_FACTOR = 2
 """A worker holds up to this many times `concurrency` jobs: the rest wait in a local
@@ -108,6 +112,7 @@ class Claimer:
                     lambda: leases.recover_expired(self.alias, self.worker),
                     "recovering expired leases",
                 )
+                self._guarded(self._recover_stranded, "resolving stranded dependents")
                 next_rescue = time.monotonic() + self.rescue_interval
             if self.pause_watch.due():
                 self._guarded(self.pause_watch.look, "looking for paused queues and kinds")
@@ -132,6 +137,19 @@ class Claimer:
             # Never sleep past the next recovery sweep, scheduler pass or pause look.
             next_chore = min(next_rescue, next_periodic, self.pause_watch.next_look)
             self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
+
+    def _recover_stranded(self) -> None:
+        """Resolve the dependents of finished jobs whose verdict's worker died before
+        resolving them (see `dependencies.recover_stranded`)."""
+        recovered = dependencies.recover_stranded(self.alias)
+        if recovered:
+            logger.warning(
+                "resolved the dependents of %d finished job(s) left unresolved "
+                "(a worker stopped between a verdict and its resolve): %s",
+                len(recovered),
+                ", ".join(f"#{job_id}" for job_id in recovered),
+                extra={"jobs": recovered},
+            )
 
     # ------------------------------------------------------------ claiming
 

@@ -20,7 +20,8 @@ them with its verdict: on PostgreSQL in the same statement when the batch's
 jobs known to have dependents all complete, otherwise in the batch's
 transaction right after it. Dependents enqueued after the claim, or after the
 statement started, are found by what the statement returns and resolved in a
-transaction of their own just after.
+transaction of their own just after; if the worker dies before that one
+commits, the workers' rescue step resolves them (`dependencies.recover_stranded`).
 
 A run (a job id and its claim token) has one verdict. When a batch holds more
 than one for the same run (say a `released` at shutdown and the handler's

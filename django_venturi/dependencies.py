@@ -23,6 +23,16 @@ dependency, so only its verdict resolves it; the decrement of a dependent is a
 row update, which PostgreSQL serialises and re-reads (READ COMMITTED), so of
 two verdicts finishing the last dependencies at once exactly one sees the
 count reach zero, and a dependent is only ever changed while it is `waiting`.
+
+A dependent enqueued after a dependency was claimed (or while the verdict's
+statement waited for the dependency's row) is resolved in a second transaction
+right after the verdict's (`completion.py`). A worker killed between the two
+leaves open edges on a finished job: every live worker's rescue step
+(`recover_stranded`, each `RESCUE_INTERVAL`) finds them through the partial index
+of open edges and resolves them with `resolve`, as the verdict would have.
+Cleanup resolves a finished job's open edges before deleting it (the delete
+would take its edges with it), so a dependent is never left counting a job that
+is gone.
 """
 
 from __future__ import annotations
@@ -32,8 +42,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from django.db import connections
-from django.db.models import F
+from django.db import connections, transaction
+from django.db.models import F, OuterRef, Subquery
 
 from django_venturi import statements
 from django_venturi.clock import now_expression
@@ -160,6 +170,8 @@ def resolve(alias: str, finished: Iterable[int]) -> None:
     from django_venturi.models import Dependency
 
     frontier = list(finished)
+    if not frontier:
+        return
     if connections[alias].vendor == "postgresql" and not _count_completions(alias, frontier):
         return
     while frontier:
@@ -251,6 +263,56 @@ def _count_completions(alias: str, finished: Sequence[int]) -> bool:
     }
     ((_, cascades),) = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
     return bool(cascades)
+
+
+STRANDED_BATCH_SIZE = 100
+"""Finished jobs with open edges that one `recover_stranded` pass resolves at most."""
+
+
+def recover_stranded(alias: str) -> list[int]:
+    """Resolve the dependents of finished jobs whose verdict left them unresolved;
+    return the ids of those jobs.
+
+    A worker killed between a verdict and its follow-up resolve (see `completion.py`)
+    leaves a finished job with open edges. Workers call this in their rescue step:
+    one query over the partial index of open edges, probing each edge's job by
+    primary key (when nothing is stranded only unfinished jobs' edges are open, so
+    its cost follows the workflows in flight, not the table: about 15 ms for 10,000
+    open edges), and nothing more unless it finds some. Each job found is resolved
+    in a transaction of its own by `resolve`, under a lock on its row taken with
+    SKIP LOCKED (a job that someone else holds, such as a cleanup batch deleting
+    it, is left for the next pass); the edges are re-read under their own locks, so
+    of this pass and a late follow-up of the verdict resolving the same edges, each
+    edge is counted once. Locks are taken job row first, then edges, then
+    dependents, the order of a verdict's transaction and of cleanup.
+    """
+    from django_venturi.models import Dependency, Job
+
+    # The job's state by a subquery, not a join: PostgreSQL probes the primary key
+    # once per open edge, where a join may walk the job table's whole primary key
+    # index (a merge join) to meet the few open edges.
+    dependency_state = Subquery(
+        Job.objects.using(alias).filter(id=OuterRef("dependency_id")).values("state")[:1]
+    )
+    stranded = (
+        Dependency.objects.using(alias)
+        .alias(dependency_state=dependency_state)
+        .filter(resolved=False, dependency_state__in=FINISHED_STATES)
+        .values_list("dependency_id", flat=True)[:STRANDED_BATCH_SIZE]
+    )
+    recovered: list[int] = []
+    for job_id in dict.fromkeys(stranded):
+        with transaction.atomic(using=alias):
+            held = (
+                Job.objects.using(alias)
+                .select_for_update(skip_locked=True)
+                .filter(id=job_id, state__in=FINISHED_STATES)
+                .values_list("id", flat=True)
+            )
+            if list(held):
+                resolve(alias, [job_id])
+                recovered.append(job_id)
+    return recovered
 
 
 def move_dependents(alias: str, absorbed: Sequence[int], survivor: int) -> None:

@@ -109,9 +109,13 @@ def cleanup(
             # `retry_now` makes ready meanwhile must wait for it, not be deleted by it.
             # Rows locked by someone else right now are skipped (a later run takes them).
             batch = old.select_for_update(skip_locked=True).order_by("id")
-            ids = list(batch.values_list("id", flat=True)[:batch_size])
-            if not ids:
+            rows = list(batch.values_list("id", "dependents")[:batch_size])
+            if not rows:
                 break
+            ids = [job_id for job_id, _ in rows]
+            # Open edges of a job deleted here would go with it and leave its
+            # dependents waiting: resolve them first, as its verdict would have.
+            dependencies.resolve(alias, [job_id for job_id, count in rows if count])
             _, deleted = _fold_and_delete(alias, old.filter(id__in=ids), since)
         jobs += deleted.get(Job._meta.label, 0)
         entries += deleted.get(JournalEntry._meta.label, 0)
@@ -128,7 +132,9 @@ def delete_jobs(jobs: QuerySet[Job], *, using: str) -> tuple[int, dict[str, int]
 
     Their journal entries of the stats' window are folded into run tallies in
     the transaction of the delete. Jobs waiting for an unfinished job deleted here
-    are cancelled as if it had been (see `dependencies.py`). Return what
+    are cancelled as if it had been, and jobs still waiting for a finished one
+    (its verdict's worker died before resolving them) are resolved as its verdict
+    would have (see `dependencies.py`). Return what
     `QuerySet.delete()` returns.
     """
     since = tallies.window_start(database_time(using))
@@ -138,22 +144,21 @@ def delete_jobs(jobs: QuerySet[Job], *, using: str) -> tuple[int, dict[str, int]
 
 
 def _cancel_waiting_for(alias: str, jobs: QuerySet[Job]) -> None:
-    """End the unfinished jobs of `jobs` that have dependents `cancelled`, resolving those."""
-    unfinished = list(
-        jobs.filter(dependents__gt=0)
-        .exclude(state__in=FINISHED_STATES)
-        .values_list("id", flat=True)
-    )
-    if not unfinished:
+    """End the unfinished jobs of `jobs` that have dependents `cancelled`, and resolve
+    the dependents of all of them (a finished one's open edges too)."""
+    rows = list(jobs.filter(dependents__gt=0).values_list("id", "state"))
+    if not rows:
         return
-    jobs.filter(id__in=unfinished).update(
-        state=State.CANCELLED,
-        finished_at=now_expression(alias),
-        waiting_for=0,
-        claim_token=None,
-        lease_expires_at=None,
-    )
-    dependencies.resolve(alias, unfinished)
+    unfinished = [job_id for job_id, state in rows if state not in FINISHED_STATES]
+    if unfinished:
+        jobs.filter(id__in=unfinished).update(
+            state=State.CANCELLED,
+            finished_at=now_expression(alias),
+            waiting_for=0,
+            claim_token=None,
+            lease_expires_at=None,
+        )
+    dependencies.resolve(alias, [job_id for job_id, _ in rows])
 
 
 def _fold_and_delete(

@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import verdicts
+from django_venturi import dependencies, verdicts
 from django_venturi.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.completion import write_verdicts
 from django_venturi.dependencies import DEPENDENCY_FAILED
-from django_venturi.models import Dependency, Job
+from django_venturi.models import Dependency, Job, JournalEntry
 from django_venturi.registry import registry
-from django_venturi.retention import delete_jobs
+from django_venturi.retention import cleanup, delete_jobs
 from django_venturi.scheduling import TierClock
 from django_venturi.testing import drain, eager
+from django_venturi.verdicts import ErrorInfo
 from tests.conftest import Workers, wait_until
 from tests.testapp.dedup_tasks import Latest, Recompute
 from tests.testapp.models import Record
@@ -360,3 +364,172 @@ def _claimed(alias: str, job: Job) -> ClaimedJob:
     return ClaimedJob.from_row(
         row, attempt=1, started_at=row.enqueued_at, claim_token=token, lease=timedelta(minutes=5)
     )
+
+
+# ---------------------------------------------------- dependents a killed worker stranded
+
+
+class _Killed(BaseException):
+    """The worker dies here."""
+
+
+def _finish_without_resolving(alias: str, verdict: verdicts.Verdict) -> None:
+    """Write `verdict` as a worker that dies right after the verdict's statement does:
+    the job is finished, the dependents enqueued after its claim are left waiting
+    (their edges stay open)."""
+    if connections[alias].vendor != "postgresql":
+        # SQLite resolves in the verdict's own transaction: no window there, so the
+        # state a crash leaves on PostgreSQL is written by hand.
+        Job.objects.using(alias).filter(id=verdict.job.id).update(
+            state=verdict.state,
+            finished_at=timezone.now(),
+            claim_token=None,
+            lease_expires_at=None,
+            result=verdict.result if verdict.set_result else None,
+        )
+        return
+    # The worker dies in the follow-up transaction, after the verdict's statement.
+    with mock.patch.object(dependencies, "resolve", side_effect=_Killed), pytest.raises(_Killed):
+        write_verdicts(alias, "w", [verdict])
+    assert Job.objects.using(alias).get(id=verdict.job.id).state == verdict.state
+
+
+def _stranded(alias: str) -> tuple[Job, Job, Job, Job, Job]:
+    """A completed job and a failed one, each with dependents enqueued after its claim
+    and left waiting by a worker killed between the verdict and its resolve."""
+    first = Step("first").enqueue(using=alias)
+    fails = Step("fails").enqueue(using=alias)
+    first_claim, fails_claim = _claimed(alias, first), _claimed(alias, fails)
+    second = Step("second").enqueue(using=alias, after=[first])
+    doomed = Step("doomed").enqueue(using=alias, after=[fails])
+    anyway = Step("anyway").enqueue(using=alias, after=[fails], after_failure="run")
+    spec = registry.get(first.kind)
+    result = venturi.Outcome.completed(result="first")
+    _finish_without_resolving(alias, verdicts.from_outcome(first_claim, spec, result))
+    error = ErrorInfo.from_reason("fails on purpose", type="tests.Boom")
+    _finish_without_resolving(alias, verdicts.failed(fails_claim, error))
+    assert [state(alias, job) for job in (second, doomed, anyway)] == [WAITING] * 3
+    assert Dependency.objects.using(alias).filter(resolved=False).count() == 3
+    return first, fails, second, doomed, anyway
+
+
+def _assert_resolved_as_the_verdicts_would(alias: str, fails: Job, doomed: Job) -> None:
+    row = Job.objects.using(alias).get(id=doomed.id)
+    assert row.state == "cancelled" and row.finished_at is not None
+    assert row.last_error.startswith(DEPENDENCY_FAILED)
+    assert f"job #{fails.id}" in row.last_error and "ended failed" in row.last_error
+    assert journal(alias, row) == [("cancelled", DEPENDENCY_FAILED)]
+    assert not Dependency.objects.using(alias).filter(resolved=False).exists()
+
+
+def test_a_running_worker_resolves_dependents_a_killed_worker_left_waiting(
+    alias: str, workers: Workers
+) -> None:
+    _, fails, second, doomed, anyway = _stranded(alias)
+
+    started = time.monotonic()
+    workers.start(alias)
+    wait_until(
+        lambda: state(alias, second) == "completed" and state(alias, anyway) == "completed",
+        timeout=20,
+        message="the stranded dependents to run",
+    )
+    took = time.monotonic() - started
+
+    assert sorted(steps_run(alias)) == ["anyway", "second"]
+    assert Record.objects.using(alias).get(job_id=second.id).value["seen"] == ["first"]
+    _assert_resolved_as_the_verdicts_would(alias, fails, doomed)
+    assert "resolved the dependents of 2 finished job(s)" in workers.log()
+    # RESCUE_INTERVAL is 0.5 s here; the rest is the worker's start-up.
+    assert took < 15, f"resolved {took:.1f} s after the worker started"
+
+
+def test_the_stranded_pass_resolves_like_the_verdict_and_only_once(alias: str) -> None:
+    first, fails, second, doomed, anyway = _stranded(alias)
+
+    assert sorted(dependencies.recover_stranded(alias)) == sorted([first.id, fails.id])
+    assert dependencies.recover_stranded(alias) == []  # nothing left: a second pass is a no-op
+    dependencies.resolve(alias, [first.id, fails.id])  # a late follow-up finds nothing either
+
+    rows = {row.id: row for row in Job.objects.using(alias).filter(id__in=[second.id, anyway.id])}
+    assert [(rows[j.id].state, rows[j.id].waiting_for) for j in (second, anyway)] == [
+        ("ready", 0),
+        ("ready", 0),
+    ]
+    _assert_resolved_as_the_verdicts_would(alias, fails, doomed)
+
+
+def _snapshot(alias: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]], int]:
+    jobs = Job.objects.using(alias).order_by("id")
+    edges = Dependency.objects.using(alias).order_by("id")
+    return (
+        list(jobs.values_list("id", "state", "waiting_for", "dependents", "last_error")),
+        list(edges.values_list("id", "dependent_id", "dependency_id", "resolved")),
+        JournalEntry.objects.using(alias).count(),
+    )
+
+
+def test_the_stranded_pass_changes_nothing_on_a_graph_that_is_not_stranded(alias: str) -> None:
+    done, failing = Step("done").enqueue(using=alias), Step("fails", fail=True).enqueue(using=alias)
+    Step("after done").enqueue(using=alias, after=[done])
+    Step("after failing").enqueue(using=alias, after=[failing])
+    drain(using=alias)  # their verdicts resolved them: completed, failed, cancelled
+    running = Step("running").enqueue(using=alias)
+    venturi.chain(Step("a"), Step("b"), Step("c")).enqueue(using=alias)
+    venturi.group([Step("m1"), Step("m2")], then=Summary(batch=1)).enqueue(using=alias)
+    claimed = _claimed(alias, running)
+    Step("after running").enqueue(using=alias, after=[running])  # its verdict will resolve it
+    before = _snapshot(alias)
+
+    with CaptureQueriesContext(connections[alias]) as queries:
+        assert dependencies.recover_stranded(alias) == []
+
+    assert _snapshot(alias) == before
+    assert len(queries.captured_queries) == 1, queries.captured_queries
+    write_verdicts(alias, "w", [verdicts.completed(claimed)])
+    assert dependencies.recover_stranded(alias) == []
+    assert Job.objects.using(alias).filter(state=WAITING).count() == 3  # b, c and the callback
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_the_stranded_pass_and_a_late_follow_up_resolving_at_once_count_each_edge_once() -> None:
+    """The pass waits for the follow-up's edge locks, then re-reads them: resolved."""
+    alias = "default"
+    member = Step("member").enqueue(using=alias)
+    other = Step("other").enqueue(using=alias)
+    member_claim = _claimed(alias, member)
+    callback = Summary(batch=1).enqueue(using=alias, after=[member, other])
+    _finish_without_resolving(alias, verdicts.completed(member_claim))
+    recovered: list[list[int]] = []
+
+    def recover() -> None:
+        try:
+            recovered.append(dependencies.recover_stranded(alias))
+        finally:
+            connections.close_all()
+
+    with transaction.atomic(using=alias):
+        dependencies.resolve(alias, [member.id])  # the follow-up, late but alive
+        thread = threading.Thread(target=recover)
+        thread.start()
+        wait_until(lambda: _waits_for_a_lock(alias), message="the pass to wait")
+    thread.join(timeout=30)
+
+    assert recovered == [[member.id]]  # it took the job, and found its edge resolved
+    row = Job.objects.using(alias).get(id=callback.id)
+    assert (row.state, row.waiting_for) == ("waiting", 1)  # counted once, not twice
+    drain(using=alias)
+    assert state(alias, callback) == "completed"
+
+
+def test_cleanup_resolves_a_stranded_dependency_before_deleting_it(alias: str) -> None:
+    first, fails, second, doomed, anyway = _stranded(alias)
+
+    result = cleanup(older_than=timedelta(0), states=["completed"], using=alias)
+    assert result.jobs == 1
+    assert not Job.objects.using(alias).filter(id=first.id).exists()
+    assert state(alias, second) == "ready"
+
+    delete_jobs(Job.objects.filter(id=fails.id), using=alias)
+    assert state(alias, anyway) == "ready"
+    _assert_resolved_as_the_verdicts_would(alias, fails, doomed)
