@@ -9,6 +9,7 @@ Each round runs every variant once, in turn, each in a fresh database: N no-op
   plain     nothing else;
   limited   `bench.limited` (10 a second) registered, 200 of its jobs in the same queue;
   paused    a paused queue holding 200 jobs.
+FLOW_EXTRA=0 leaves those 200 jobs out (the limited kind is only registered).
 It prints, per variant, the median steady drain rate (from the handlers' own
 timestamps, the 10th to the last job) and the transactions the database
 committed per job during the drain: flow control must add no query per job.
@@ -32,7 +33,7 @@ REPO_ROOT = BENCH_DIR.parent
 SETTINGS = "benchmarks.bench_project.settings"
 DBNAME = "venturi_bench_flow"
 VARIANTS = ("plain", "limited", "paused")
-EXTRA_JOBS = 200
+EXTRA_JOBS = int(os.environ.get("FLOW_EXTRA", "200"))
 
 
 def admin_dsn(dbname: str = "postgres") -> str:
