@@ -49,7 +49,6 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from django_venturi import dedup, dependencies, statements
-from django_venturi.conf import venturi_settings
 from django_venturi.models import Dependency, Job, JournalEntry
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.verdicts import Verdict
@@ -185,26 +184,8 @@ FROM journaled
 # complete (its dependents may have to be cancelled).
 _FINISH_RESOLVING_TAIL_SQL = """
 , seen AS (SELECT id, dependents FROM {job} WHERE id = ANY(%(ids)s::bigint[])),
-finished AS (SELECT id FROM applied WHERE state = %(completed)s AND dependents > 0),
-counted AS (
-    UPDATE {dependency} AS edge SET resolved = true
-    FROM finished
-    WHERE edge.dependency_id = finished.id AND NOT edge.resolved
-    RETURNING edge.dependent_id
-),
-counts AS (SELECT dependent_id, count(*) AS done FROM counted GROUP BY dependent_id),
-readied AS (
-    UPDATE {job} AS job
-    SET waiting_for = greatest(job.waiting_for - counts.done, 0),
-        state = CASE WHEN job.waiting_for <= counts.done THEN %(ready)s ELSE job.state END
-    FROM counts
-    WHERE job.id = counts.dependent_id AND job.state = %(waiting)s
-    RETURNING job.state, job.queue
-),
-woken AS (
-    SELECT pg_notify(%(channel)s, queue)
-    FROM (SELECT DISTINCT queue FROM readied WHERE state = %(ready)s) AS queues
-)
+finished AS (SELECT id, state FROM applied WHERE state = %(completed)s AND dependents > 0),
+{count_completions}
 SELECT journaled.job_id, journaled.attempt, journaled.outcome,
        journaled.job_id IN (
            SELECT applied.id FROM applied JOIN seen ON seen.id = applied.id
@@ -258,10 +239,13 @@ def _finish_postgresql(
     with `resolving`, resolve the dependents of the jobs it completes too."""
     connection = connections[alias]
     tail = _FINISH_RESOLVING_TAIL_SQL if resolving else _FINISH_TAIL_SQL
+    tables = {
+        "job": connection.ops.quote_name(Job._meta.db_table),
+        "journal": connection.ops.quote_name(JournalEntry._meta.db_table),
+        "dependency": connection.ops.quote_name(Dependency._meta.db_table),
+    }
     sql = (_FINISH_SQL + tail).format(
-        job=connection.ops.quote_name(Job._meta.db_table),
-        journal=connection.ops.quote_name(JournalEntry._meta.db_table),
-        dependency=connection.ops.quote_name(Dependency._meta.db_table),
+        count_completions=dependencies.COUNT_COMPLETIONS_CTES.format(**tables), **tables
     )
     params: dict[str, Any] = {
         "ids": [v.job.id for v in verdicts],
@@ -288,12 +272,7 @@ def _finish_postgresql(
         "repeats": list(repeats),
     }
     if resolving:
-        params.update(
-            completed=State.COMPLETED.value,
-            ready=State.READY.value,
-            waiting=State.WAITING.value,
-            channel=venturi_settings.NOTIFY_CHANNEL,
-        )
+        params.update(dependencies.resolve_params())
     return statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
 
 

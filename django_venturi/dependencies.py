@@ -48,6 +48,7 @@ from django.db.models import F, OuterRef, Subquery
 from django_venturi import statements
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
+from django_venturi.listener import wake_workers
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 
 if TYPE_CHECKING:
@@ -204,19 +205,15 @@ def resolve(alias: str, finished: Iterable[int]) -> None:
         frontier = _cancel(alias, doomed)
 
 
-# One round trip for what most verdicts with dependents need: the edges of the jobs
-# just finished that count as done (a completed dependency, or any finished one for a
-# dependent enqueued with after_failure="run") are resolved, counted off their
-# dependents, and the dependents that reach zero become ready and wake their queues'
-# workers. Both updates lock their rows and re-read them if a concurrent transaction
-# changed them (READ COMMITTED), so of two verdicts finishing a dependent's last two
-# dependencies at once, exactly one takes it to zero. What is left (failures that
-# cancel dependents) is said by the last column, for `resolve`'s loop.
-_COUNT_COMPLETIONS_SQL = """
-WITH finished AS (
-    SELECT id, state FROM {job}
-    WHERE id = ANY(%(ids)s::bigint[]) AND state = ANY(%(finished)s::text[])
-),
+# Given `finished(id, state)`, the jobs just finished: their edges that count as done
+# (a completed dependency, or any finished one for a dependent enqueued with
+# after_failure="run") are resolved and counted off their dependents, and the
+# dependents that reach zero become ready and wake their queues' workers. Both
+# updates lock their rows and re-read them if a concurrent transaction changed them
+# (READ COMMITTED), so of two verdicts finishing a dependent's last two dependencies
+# at once, exactly one takes it to zero. Shared with the verdict statement
+# (`completion.py`); `resolve_params()` gives its parameters.
+COUNT_COMPLETIONS_CTES = """
 counted AS (
     UPDATE {dependency} AS edge SET resolved = true
     FROM finished
@@ -237,11 +234,31 @@ woken AS (
     SELECT pg_notify(%(channel)s, queue)
     FROM (SELECT DISTINCT queue FROM readied WHERE state = %(ready)s) AS queues
 )
+"""
+
+# One round trip for what most resolves need; what is left (failures that cancel
+# dependents) is said by the last column, for `resolve`'s loop.
+_COUNT_COMPLETIONS_SQL = """
+WITH finished AS (
+    SELECT id, state FROM {job}
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = ANY(%(finished)s::text[])
+),
+{count_completions}
 SELECT (SELECT count(*) FROM woken),
        EXISTS (SELECT 1 FROM {dependency} AS edge JOIN finished ON edge.dependency_id = finished.id
                WHERE NOT edge.resolved AND finished.state <> %(completed)s
                  AND NOT edge.run_after_failure)
 """
+
+
+def resolve_params() -> dict[str, str]:
+    """The parameters of `COUNT_COMPLETIONS_CTES` but `finished`'s own."""
+    return {
+        "completed": State.COMPLETED.value,
+        "ready": State.READY.value,
+        "waiting": State.WAITING.value,
+        "channel": venturi_settings.NOTIFY_CHANNEL,
+    }
 
 
 def _count_completions(alias: str, finished: Sequence[int]) -> bool:
@@ -250,16 +267,17 @@ def _count_completions(alias: str, finished: Sequence[int]) -> bool:
     from django_venturi.models import Dependency, Job
 
     quote = connections[alias].ops.quote_name
+    tables = {
+        "job": quote(Job._meta.db_table),
+        "dependency": quote(Dependency._meta.db_table),
+    }
     sql = _COUNT_COMPLETIONS_SQL.format(
-        job=quote(Job._meta.db_table), dependency=quote(Dependency._meta.db_table)
+        count_completions=COUNT_COMPLETIONS_CTES.format(**tables), **tables
     )
     params = {
         "ids": list(finished),
         "finished": [state.value for state in FINISHED_STATES],
-        "completed": State.COMPLETED.value,
-        "ready": State.READY.value,
-        "waiting": State.WAITING.value,
-        "channel": venturi_settings.NOTIFY_CHANNEL,
+        **resolve_params(),
     }
     ((_, cascades),) = statements.fetch(alias, sql, params, session=statements.WORKER_SESSION)
     return bool(cascades)
@@ -331,14 +349,20 @@ def move_dependents(alias: str, absorbed: Sequence[int], survivor: int) -> None:
         .filter(dependency_id=survivor, dependent_id__in=[d for _, d in moving])
         .values_list("dependent_id", flat=True)
     )
+    # A dependent already waiting for the survivor (or for two absorbed jobs) keeps
+    # one edge to it; its other edges go, each one dependency fewer to wait for.
+    kept: list[int] = []
+    dropped: list[int] = []
     twice: Counter[int] = Counter()
     for edge_id, dependent in moving:
         if dependent in already:
+            dropped.append(edge_id)
             twice[dependent] += 1
-            Dependency.objects.using(alias).filter(id=edge_id).delete()
         else:
             already.add(dependent)
-            Dependency.objects.using(alias).filter(id=edge_id).update(dependency_id=survivor)
+            kept.append(edge_id)
+    Dependency.objects.using(alias).filter(id__in=dropped).delete()
+    Dependency.objects.using(alias).filter(id__in=kept).update(dependency_id=survivor)
     for dependent, count in twice.items():
         Job.objects.using(alias).filter(id=dependent, state=State.WAITING).update(
             waiting_for=F("waiting_for") - count
@@ -354,7 +378,8 @@ def _count_done(alias: str, done: dict[int, int]) -> None:
     readied = [job_id for job_id, left in waiting if left <= done[job_id]]
     if readied:
         Job.objects.using(alias).filter(id__in=readied).update(state=State.READY, waiting_for=0)
-        _wake_workers(alias, readied)
+        queues = Job.objects.using(alias).filter(id__in=readied).values_list("queue", flat=True)
+        wake_workers(alias, queues)
     by_count: defaultdict[int, list[int]] = defaultdict(list)
     for job_id, left in waiting:
         if left > done[job_id]:
@@ -413,16 +438,3 @@ def _cancel(
         )
     JournalEntry.objects.using(alias).bulk_create(entries)
     return cancelled
-
-
-def _wake_workers(alias: str, job_ids: list[int]) -> None:
-    """Tell listening workers (PostgreSQL) that jobs of these queues are ready, at commit."""
-    from django_venturi.models import Job
-
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return
-    queues = Job.objects.using(alias).filter(id__in=job_ids).values_list("queue", flat=True)
-    with connection.cursor() as cursor:
-        for queue in sorted(set(queues)):
-            cursor.execute("SELECT pg_notify(%s, %s)", [venturi_settings.NOTIFY_CHANNEL, queue])

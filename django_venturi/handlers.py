@@ -201,10 +201,8 @@ class Handlers:
 
     @staticmethod
     def _rate_limit(execution: Execution) -> RateLimit | None:
-        try:
-            return registry.get(execution.job.kind).rate_limit
-        except UnknownKind:
-            return None
+        spec = registry.find(execution.job.kind)  # None for a Django Tasks job
+        return None if spec is None else spec.rate_limit
 
     def _rate_limited_start(self, execution: Execution, limit: RateLimit) -> bool:
         """Just before a rate-limited job's handler: move its recorded start to now, or

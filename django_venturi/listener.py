@@ -12,16 +12,31 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import connections
+
+from django_venturi.conf import venturi_settings
 
 logger = logging.getLogger("django_venturi.listener")
 
 RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
 WAIT_SLICE = 0.25
 """How long one wait for notifications lasts before checking for stop."""
+
+
+def wake_workers(alias: str, queues: Iterable[str]) -> None:
+    """Notify the wake-up channel once per queue (PostgreSQL; elsewhere workers poll).
+
+    Delivered when the caller's transaction commits, like an enqueue's notification.
+    """
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for queue in sorted(set(queues)):
+            cursor.execute("SELECT pg_notify(%s, %s)", [venturi_settings.NOTIFY_CHANNEL, queue])
 
 
 def connection_params(alias: str) -> dict[str, Any]:

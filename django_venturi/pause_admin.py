@@ -40,7 +40,6 @@ def pause_context(request: HttpRequest, snapshot: Stats) -> dict[str, Any]:
             if ("queue", name) not in paused_names
         ),
         "pausable_kinds": [kind for kind in registry.kinds() if ("kind", kind) not in paused_names],
-        "rate_limits": snapshot.rate_limits,
     }
 
 

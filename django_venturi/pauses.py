@@ -16,6 +16,7 @@ from datetime import datetime
 from django.db import connections, transaction
 
 from django_venturi.conf import venturi_settings
+from django_venturi.listener import wake_workers
 from django_venturi.registry import MAX_KIND_LENGTH, MAX_QUEUE_LENGTH, validate_name
 
 API = "api"
@@ -120,5 +121,5 @@ def _notify(alias: str, scope: str, name: str, *, resumed: bool) -> None:
         return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [pause_channel(), f"{scope}:{name}"])
-        if resumed:
-            cursor.execute("SELECT pg_notify(%s, %s)", [venturi_settings.NOTIFY_CHANNEL, ""])
+    if resumed:
+        wake_workers(alias, [name if scope == "queue" else ""])

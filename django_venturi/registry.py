@@ -121,6 +121,10 @@ class Registry:
         except KeyError:
             raise UnknownKind(f"no task is registered under kind {kind!r}") from None
 
+    def find(self, kind: str) -> TaskSpec | None:
+        """`get` without the exception, for callers on the per-job path."""
+        return self._by_kind.get(kind)
+
     def kinds(self) -> list[str]:
         return sorted(self._by_kind)
 

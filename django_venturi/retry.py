@@ -22,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
+from django_venturi.listener import wake_workers
 from django_venturi.states import State
 
 RETRYABLE_STATES = (State.READY, State.FAILED)
@@ -88,19 +89,10 @@ def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResul
                 retried.append(job_id)
         retried_ids = set(retried)
         queues = sorted({queue for job_id, _, queue, *_ in rows if job_id in retried_ids})
-        _wake_workers(alias, queues)
+        wake_workers(alias, queues)
     done = set(retried) | set(clashes)
     return RetryResult(
         retried=sorted(retried),
         clashes=clashes,
         skipped=[job_id for job_id in ids if job_id not in done],
     )
-
-
-def _wake_workers(alias: str, queues: list[str]) -> None:
-    connection = connections[alias]
-    if connection.vendor != "postgresql" or not queues:
-        return
-    with connection.cursor() as cursor:
-        for queue in queues:  # delivered at commit, like an enqueue's notification
-            cursor.execute("SELECT pg_notify(%s, %s)", [venturi_settings.NOTIFY_CHANNEL, queue])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -240,11 +239,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
     _check_rate_limit(target, name, options["rate_limit"])
     if not isinstance(options["atomic"], bool):
         raise RegistrationError(f"{name}: atomic must be True or False")
-    if options["atomic"] and inspect.iscoroutinefunction(target.handle):  # type: ignore[attr-defined]
-        raise RegistrationError(
-            f"{name}: atomic=True needs a sync handle(): a transaction cannot span awaits"
-        )
-    return TaskSpec(
+    spec = TaskSpec(
         cls=target,
         kind=kind,
         queue=options["queue"],
@@ -259,6 +254,11 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
         rate_limit=options["rate_limit"],
         atomic=options["atomic"],
     )
+    if spec.atomic and spec.is_async:
+        raise RegistrationError(
+            f"{name}: atomic=True needs a sync handle(): a transaction cannot span awaits"
+        )
+    return spec
 
 
 def _check_rate_limit(target: type, name: str, rate_limit: object) -> None:

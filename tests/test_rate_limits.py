@@ -192,8 +192,8 @@ def test_a_retry_counts_as_a_start(alias: str) -> None:
 def test_concurrent_claims_never_start_more_than_the_limit() -> None:
     """Eight claimers race on PostgreSQL for 1.5 s; no N + 1 starts fit in one window."""
     venturi.enqueue_many([Rated(n=i) for i in range(200)])
+    # (before, after) the claim that started a job: its recorded start lies between.
     starts: list[tuple[float, float]] = []
-    """(before, after) the claim that started a job: its recorded start lies between."""
     lock = threading.Lock()
     deadline = time.monotonic() + 1.5
 
