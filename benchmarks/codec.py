@@ -29,7 +29,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from django_venturi import codec  # noqa: E402 - after the repository is on sys.path
+from django_venturi import codec  # after the repository is on sys.path
 
 
 class Status(enum.Enum):
@@ -88,7 +88,11 @@ def main() -> None:
             lambda: codec._encode_dataclass(ORDER, Order, "Order"),
             lambda: codec._decode(Order, stored, "Order"),
         ),
-        ("codec with msgspec (now)", lambda: codec.encode(ORDER), lambda: codec.decode(Order, stored)),
+        (
+            "codec with msgspec (now)",
+            lambda: codec.encode(ORDER),
+            lambda: codec.decode(Order, stored),
+        ),
         (
             "msgspec alone (reference)",
             lambda: msgspec.to_builtins(ORDER),

@@ -644,8 +644,8 @@ def _build_node(hint: Any, outer: tuple[type, ...]) -> _Node:
         return _Node(hint, hint)
     if hint is int:
         return _Node(_INT64, int)
-    if hint is float:
-        return _Node(_FINITE, float)
+    if hint is float:  # msgspec would also take a Decimal, both ways
+        return _Node(_FINITE, float, accepts=_is_number, fits=_is_number)
     if hint is None or hint is type(None):
         return _Node(None, None)
     if hint in _ISO_TEXT:
@@ -683,6 +683,10 @@ _ISO_TEXT: dict[Any, Callable[[Any], str]] = {
 
 def _is_str(data: Any) -> bool:
     return isinstance(data, str)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float)
 
 
 def _optional_node(args: tuple[Any, ...], outer: tuple[type, ...]) -> _Node:
