@@ -144,7 +144,10 @@ def label(key: str | None) -> str:
     return key.split(":", 1)[1] if key and ":" in key else MISSING
 
 
-def drain_block(c: Comparison, workload: str, venturi: str | None, peer: str | None) -> None:
+def drain_block(
+    c: Comparison, workload: str, venturi: str | None, peer: str | None, *, limit: bool = True
+) -> None:
+    """Three rows (steady, incl. start-up, all done); `limit=False`: no W4 of that size ran."""
     notes = "; ".join(
         filter(
             None,
@@ -162,7 +165,7 @@ def drain_block(c: Comparison, workload: str, venturi: str | None, peer: str | N
             name,
             c.drain_values(venturi, metric),
             c.drain_values(peer, metric),
-            c.limit_drain(metric),
+            c.limit_drain(metric) if limit else None,
             unit="jobs/s",
             note=notes,
         )
@@ -252,6 +255,7 @@ def table_rows(c: Comparison, options: Any) -> None:
         f"W2c {options.w2c_n:,} jobs",
         only_key(c.records, "w2c:"),
         only_key(c.records, "pgq_w2c:"),
+        limit=False,
     )
     wake_block(
         c, "W3 wake, defaults", wake_key(c.records, "default:"), wake_key(c.records, "pgq_default:")
