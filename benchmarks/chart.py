@@ -27,6 +27,15 @@ def _centre(values: Sequence[float | None]) -> float | None:
     return statistics.fmean(present) if len(present) <= 2 else statistics.median(present)
 
 
+def colour(label: str) -> str:
+    """Grey for the W4 limit, orange for the PgQueuer peer, blue for venturi."""
+    if label.startswith("W4"):
+        return "#8c8c8c"
+    if label.startswith("PgQueuer"):
+        return "#e07b24"
+    return "#2f6db3"
+
+
 def draw(
     path: Path,
     *,
@@ -38,7 +47,8 @@ def draw(
     """Write a PNG: one bar per drain configuration, one latency curve per W3 configuration.
 
     `drains`: (label, [Drain per run]) in display order, the W4 limit rows first
-    (their labels start with "W4"). `wakes`: (label, every latency in ms, all runs pooled).
+    (their labels start with "W4"), PgQueuer's ("PgQueuer ...") after venturi's.
+    `wakes`: (label, every latency in ms, all runs pooled).
     """
     import matplotlib
 
@@ -51,7 +61,7 @@ def draw(
     labels = [label for label, _ in drains]
     done = [_centre([d.done for d in results]) or 0.0 for _, results in drains]
     positions = list(range(len(drains)))[::-1]
-    colours = ["#8c8c8c" if label.startswith("W4") else "#2f6db3" for label in labels]
+    colours = [colour(label) for label in labels]
     left.barh(positions, done, color=colours, height=0.6)
     limit = max(
         (d for label, d in zip(labels, done, strict=True) if label.startswith("W4")), default=0
@@ -62,7 +72,9 @@ def draw(
     for position, value in zip(positions, done, strict=True):
         left.text(value, position, f" {value:,.0f}", va="center", fontsize=8)
     left.set_yticks(positions, labels, fontsize=8)
-    left.set_xlabel("jobs/s, start-up included (grey: hand-written psycopg limit)")
+    left.set_xlabel(
+        "jobs/s, start-up included (blue: venturi, orange: PgQueuer, grey: psycopg limit)"
+    )
     left.set_title(f"W2 drain, {n:,} jobs: all done in DB", fontsize=10)
     left.set_xlim(0, max([*done, 1.0]) * 1.18)
 
@@ -72,7 +84,13 @@ def draw(
         ordered = sorted(latencies)
         fractions = [(k + 1) / len(ordered) for k in range(len(ordered))]
         p50 = statistics.median(ordered)
-        right.step(ordered, fractions, where="post", label=f"{label} (p50 {p50:.1f} ms)")
+        right.step(
+            ordered,
+            fractions,
+            where="post",
+            label=f"{label} (p50 {p50:.1f} ms)",
+            linestyle="--" if label.startswith("PgQueuer") else "-",
+        )
     right.set_xscale("log")
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 

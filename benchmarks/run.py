@@ -1,6 +1,6 @@
 """django-venturi benchmark suite: WORKLOAD.md's W1, W1b, W2a, W2b, W3, the W4 limit, and W7.
 
-    python benchmarks/run.py            # full run (N=10,000, every sequence twice)
+    python benchmarks/run.py            # full run (N=10,000, three alternating rounds)
     python benchmarks/run.py --quick    # CI smoke test (N=100, once): exits 1 if a check fails
     python benchmarks/run.py --n 2000 --repeat 1 --workloads w1,w2a
 
@@ -8,6 +8,8 @@ Every phase runs in a freshly created database (dropped at the end) whose schema
 `manage.py migrate` installs (the W4 limit: its one CREATE TABLE). Prints one
 markdown table and writes it to benchmarks/results/latest.md; see README.md.
 W7 (dedup under contention) is this suite's own: 8 producers enqueue keyed jobs at once.
+The PgQueuer peer (benchmarks/peer_pgqueuer.py) runs the same workloads in the same
+rounds as venturi and W4, in alternating order; `--no-peers` leaves it out.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ if str(REPO_ROOT) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from benchmarks import chart, limit  # noqa: E402
+from benchmarks import chart, compare, limit  # noqa: E402
+from benchmarks import peer_pgqueuer as pgq  # noqa: E402
 from benchmarks.sink import SINK_ENV, SinkReader  # noqa: E402
 
 SETTINGS = "benchmarks.bench_project.settings"
@@ -92,7 +95,7 @@ DEFAULTS = Cell(processes=1)
 # matters when it is below the concurrency: the grid varies the concurrency, with
 # the batch size at its default or raised to match it. -v 0 logs warnings only;
 # one cell keeps the default -v 1 (an INFO line per job) to show what that costs.
-GRID = [
+FULL_GRID = [
     Cell(1, 10, 100, 0),
     Cell(1, 32, 100, 0),
     Cell(1, 128, 100, 0),
@@ -104,11 +107,23 @@ GRID = [
     Cell(4, 128, 100, 0),
     Cell(1, 128, 100, None),
 ]
+# The default grid: the cells that matter beside the PgQueuer peer (`--cells full`: all).
+GRID = [
+    Cell(1, 128, 100, 0),
+    Cell(2, 128, 100, 0),
+    Cell(2, 500, 500, 0),
+    Cell(1, 128, 100, None),
+]
 QUICK_GRID = [Cell(1, 32, 100, 0), Cell(2, 32, 100, 0)]
+W2C_CELL = Cell(2, 128, 100, 0)
+"""W2c's venturi configuration when no W2b cell of at most 2 processes ran."""
+W2C_N = 100_000
+QUICK_W2C_N = 1_000
+PEERS = ("pgqueuer",)
 
 LIMIT_DRAINS = [("claim1", 1), ("batch100", 1), ("batch100", 2)]
 
-WORKLOADS = ("w4", "w1", "w2a", "w1b", "w2b", "w3", "w6", "w7", "w8")
+WORKLOADS = ("w4", "w1", "w2a", "w1b", "w2b", "w2c", "w3", "w6", "w7", "w8")
 
 # W6: claim-and-complete TARGET jobs beside a large table of jobs the worker does
 # not take: ready jobs due tomorrow (same kind, queue, tier and rank, so they sit in
@@ -167,6 +182,12 @@ class Options:
     w8: tuple[int, int, int] = (W8_WARMUP, W8_JOBS, W8_STEP)
     """Warm-up jobs, measured jobs, jobs between RSS samples."""
     chart: Path | None = None
+    peers: set[str] = dataclasses.field(default_factory=set)
+    """Peer libraries run beside venturi (`pgqueuer`), once found importable."""
+    pgq_grid: list[pgq.PgqCell] = dataclasses.field(default_factory=list)
+    w2c_n: int = W2C_N
+    pgq_dsn: str = ""
+    """The database PgQueuer's workers connect to (`child_env` passes it on)."""
     run: int = 0
     """The repetition being run (0-based): names the log and sink files."""
 
@@ -195,6 +216,8 @@ class Drain:
     longest_pause: float | None
     """The longest gap between consecutive handler entries, in ms: a stall detector."""
     exits: list[int]
+    first_entry: float | None = None
+    """From t_spawn to the first handler entry, in ms: start-up."""
     """Return codes of worker processes that exited before they were stopped."""
 
     def problems(self) -> list[str]:
@@ -331,8 +354,8 @@ def admin(options: Options) -> psycopg.Connection[Any]:
 
 
 @contextlib.contextmanager
-def fresh_database(options: Options, name: str) -> Iterator[str]:
-    dbname = f"venturi_bench_{name}"
+def fresh_database(options: Options, name: str, prefix: str = "venturi_bench_") -> Iterator[str]:
+    dbname = f"{prefix}{name}"
     with admin(options) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{dbname}"')
@@ -354,6 +377,8 @@ def child_env(options: Options, dbname: str, sink_path: Path | None = None) -> d
     env["VENTURI_BENCH_USER"] = options.dsn_base["user"]
     if sink_path is not None:
         env[SINK_ENV] = str(sink_path)
+    if options.pgq_dsn:
+        env[pgq.DSN_ENV] = options.pgq_dsn
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -437,6 +462,7 @@ def drain(
     name: str,
     unfinished_sql: str,
     done_once_sql: str,
+    timeout_s: float = DRAIN_TIMEOUT,
 ) -> Drain:
     """Measure one drain of N ready jobs as WORKLOAD.md W2 says."""
     n = options.n
@@ -451,7 +477,7 @@ def drain(
     with psycopg.connect(dsn(options, dbname), autocommit=True) as poller:
         poller.execute(unfinished_sql)  # connected and warm before the clock starts
         t_spawn = time.time()
-        deadline = time.monotonic() + DRAIN_TIMEOUT
+        deadline = time.monotonic() + timeout_s
         with spawned(commands, env, options.artifact(name)) as processes:
             while reader.poll() < n:
                 if time.monotonic() > deadline:
@@ -476,9 +502,10 @@ def drain(
         (done_once,) = poller.execute(done_once_sql).fetchone()
     entries = sorted(t for ts in reader.times.values() for t in ts)
     handled = len(reader.times)
-    steady = startup = done = pause = flow = None
+    steady = startup = done = pause = flow = first_entry = None
     if entries:
         t_first, t_last = entries[0], entries[-1]
+        first_entry = (t_first - t_spawn) * 1000
         pause = max((b - a for a, b in itertools.pairwise(entries)), default=0.0) * 1000
         if handled > 1 and t_last > t_first:
             steady = (handled - 1) / (t_last - t_first)
@@ -502,6 +529,7 @@ def drain(
         flow=flow,
         longest_pause=pause,
         exits=exits,
+        first_entry=first_entry,
     )
 
 
@@ -690,6 +718,132 @@ def run_venturi_wake(options: Options, record: Record, cells: dict[str, Cell]) -
             result = wake(options, dbname, venturi_workers(cell), producer, name=f"w3_{key}")
             record.wakes[f"{key}:{cell.label()}"] = result
             log(f"  W3 {cell.label()}: {describe_wake(result)}")
+
+
+# ---------------------------------------------------------------- the PgQueuer peer
+
+PGQ_PREFIX = "peerbench_pgq_"
+
+
+@contextlib.contextmanager
+def pgq_database(options: Options, name: str) -> Iterator[str]:
+    """A fresh database with PgQueuer's schema installed by its own tool (`pgq install`)."""
+    with fresh_database(options, name, prefix=PGQ_PREFIX) as dbname:
+        pgq.install(pgq_url(options, dbname), child_env(options, dbname))
+        yield dbname
+
+
+def pgq_url(options: Options, dbname: str) -> str:
+    """asyncpg takes a postgresql:// URL, not a key=value conninfo."""
+    base = options.dsn_base
+    return f"postgresql://{base['user']}@{base['host']}:{base['port']}/{dbname}"
+
+
+def pgq_produce(options: Options, dbname: str, mode: str, *extra: str) -> dict[str, Any]:
+    argv = pgq.producer_command(mode, pgq_url(options, dbname), *extra)
+    return run_json(argv, child_env(options, dbname), f"pgqueuer producer {mode}")
+
+
+def pgq_drain(options: Options, dbname: str, cell: pgq.PgqCell, name: str, **kw: Any) -> Drain:
+    """`drain()` with PgQueuer's workers: its unfinished jobs are the rows left in `pgqueuer`."""
+    commands = pgq.worker_commands(cell)
+    options = dataclasses.replace(options, pgq_dsn=pgq_url(options, dbname))
+    return drain(
+        options,
+        dbname,
+        commands,
+        name=name,
+        unfinished_sql=pgq.UNFINISHED,
+        done_once_sql=pgq.DONE_ONCE,
+        **kw,
+    )
+
+
+def run_pgq_single(options: Options, record: Record) -> None:
+    """PgQueuer W1 (single `Queries.enqueue`) then W2a (one worker at its defaults)."""
+    with pgq_database(options, "w1_w2a") as dbname:
+        result = pgq_produce(options, dbname, "single", "--n", str(options.n))
+        record.enqueue["pgq_single"] = result["n"] / result["elapsed"]
+        log(f"  PgQueuer W1 single enqueue: {record.enqueue['pgq_single']:,.0f} jobs/s")
+        if "w2a" in options.workloads:
+            drained = pgq_drain(options, dbname, pgq.PGQ_DEFAULTS, "pgq_w2a")
+            record.drains["pgq_w2a"] = drained
+            log(f"  PgQueuer W2a defaults: {describe(drained)}")
+
+
+def run_pgq_bulk(options: Options, record: Record) -> None:
+    """PgQueuer W1b (one bulk `Queries.enqueue`) then one W2b cell per fresh database."""
+    cells = options.pgq_grid if "w2b" in options.workloads else []
+    for k, cell in enumerate(cells or [None]):
+        with pgq_database(options, f"w1b_w2b_{k}") as dbname:
+            result = pgq_produce(options, dbname, "bulk", "--n", str(options.n))
+            if k == 0:
+                record.enqueue["pgq_bulk"] = result["n"] / result["elapsed"]
+                record.notes["pgq_bulk"] = (
+                    f"{result['statements']} statement (`Queries.enqueue` with lists), "
+                    f"{result['transactions']} transaction"
+                )
+                log(f"  PgQueuer W1b bulk enqueue: {record.enqueue['pgq_bulk']:,.0f} jobs/s")
+            if cell is None:
+                continue
+            drained = pgq_drain(options, dbname, cell, f"pgq_w2b_{k}")
+            record.drains[f"pgq_w2b:{cell.label()}"] = drained
+            log(f"  PgQueuer W2b {cell.label()}: {describe(drained)}")
+
+
+def run_pgq_wake(options: Options, record: Record, cells: dict[str, pgq.PgqCell]) -> None:
+    for key, cell in cells.items():
+        with pgq_database(options, f"w3_{key}") as dbname:
+            producer = pgq.producer_command("wake", pgq_url(options, dbname), *wake_args(options))
+            with_dsn = dataclasses.replace(options, pgq_dsn=pgq_url(options, dbname))
+            result = wake(
+                with_dsn, dbname, pgq.worker_commands(cell), producer, name=f"pgq_w3_{key}"
+            )
+            record.wakes[f"pgq_{key}:{cell.label()}"] = result
+            log(f"  PgQueuer W3 {cell.label()}: {describe_wake(result)}")
+
+
+def run_pgq_w2c(options: Options, record: Record, cell: pgq.PgqCell) -> None:
+    """W2c: the all-done drain of many jobs (100,000) by PgQueuer's best <= 2-process cell."""
+    big = dataclasses.replace(options, n=options.w2c_n)
+    with pgq_database(options, "w2c") as dbname:
+        pgq_produce(options, dbname, "bulk", "--n", str(big.n))
+        drained = pgq_drain(big, dbname, cell, "pgq_w2c", timeout_s=w2c_timeout(big))
+    record.drains[f"pgq_w2c:{cell.label()}"] = drained
+    log(f"  PgQueuer W2c {big.n:,} jobs, {cell.label()}: {describe(drained)}")
+
+
+def run_venturi_w2c(options: Options, record: Record, cell: Cell) -> None:
+    """W2c: the all-done drain of many jobs (100,000) by venturi's best <= 2-process cell."""
+    big = dataclasses.replace(options, n=options.w2c_n)
+    with fresh_database(options, "w2c") as dbname:
+        migrate(options, dbname)
+        produce(options, dbname, "bulk", "--n", str(big.n))
+        drained = drain(
+            big,
+            dbname,
+            venturi_workers(cell),
+            name="w2c",
+            unfinished_sql=VENTURI_UNFINISHED,
+            done_once_sql=VENTURI_DONE_ONCE,
+            timeout_s=w2c_timeout(big),
+        )
+    record.drains[f"w2c:{cell.label()}"] = drained
+    log(f"  W2c {big.n:,} jobs, {cell.label()}: {describe(drained)}")
+
+
+def w2c_timeout(options: Options) -> float:
+    """45 s per 10,000 jobs would be generous; 1,000 jobs/s at least, never under 45 s."""
+    return max(DRAIN_TIMEOUT, options.n / 1_000)
+
+
+def w2c_cells(options: Options, records: list[Record]) -> tuple[Cell, pgq.PgqCell]:
+    """The best (all done in DB) W2b cell of at most 2 processes of each, else the fallbacks."""
+    venturi_key = compare.best_key(records, "w2b:", "done", max_processes=2)
+    pgq_key = compare.best_key(records, "pgq_w2b:", "done", max_processes=2)
+    venturi = next((c for c in options.grid if f"w2b:{c.label()}" == venturi_key), W2C_CELL)
+    peer = next((c for c in options.pgq_grid if f"pgq_w2b:{c.label()}" == pgq_key), pgq.PGQ_W2C)
+    return venturi, peer
 
 
 W6_BUILD = """
@@ -1080,7 +1234,7 @@ def build_table(options: Options, records: list[Record]) -> tuple[str, list[str]
     if best is not None:
         drain_rows("W2b best", best.removeprefix("w2b:"), best, limit_best)
     for key in records[0].wakes:
-        if not key.startswith("limit_"):
+        if not key.startswith(("limit_", "pgq_")):
             workload = "W3 (W2a config)" if key.startswith("default:") else "W3 (W2b best)"
             wake_rows(workload, key.split(":", 1)[1], key, "limit_claim1x1")
 
@@ -1204,11 +1358,18 @@ def draw_chart(options: Options, records: list[Record], title: str) -> None:
         if key == "w2a" or key.startswith("w2b:"):
             label = "W2a " + DEFAULTS.label() if key == "w2a" else "W2b " + key[4:]
             drains.append((label, [r.drains[key] for r in records if key in r.drains]))
+    for key in records[0].drains:
+        if key == "pgq_w2a" or key.startswith("pgq_w2b:"):
+            cell = pgq.PGQ_DEFAULTS.label() if key == "pgq_w2a" else key[8:]
+            label = f"PgQueuer {'W2a' if key == 'pgq_w2a' else 'W2b'} {cell}"
+            drains.append((label, [r.drains[key] for r in records if key in r.drains]))
     wakes: list[tuple[str, list[float]]] = []
     for key in records[0].wakes:
         latencies = [t for r in records if key in r.wakes for t in r.wakes[key].latencies]
         if key.startswith("limit_"):
             label = "W4 claim1, 1 process"
+        elif key.startswith("pgq_"):
+            label = "PgQueuer W3 " + ("defaults" if key.startswith("pgq_default:") else "W2b best")
         else:
             label = ("W3 defaults" if key.startswith("default:") else "W3 W2b best: ") + (
                 "" if key.startswith("default:") else key.split(":", 1)[1]
@@ -1221,6 +1382,59 @@ def draw_chart(options: Options, records: list[Record], title: str) -> None:
 
 
 # ---------------------------------------------------------------- main
+
+
+Side = Callable[[Options, Record], None]
+
+
+def rotated(sides: list[Side], run: int) -> list[Side]:
+    """Round r starts with side r: venturi, pgqueuer, w4; then pgqueuer, w4, venturi; ..."""
+    if not sides:
+        return sides
+    shift = run % len(sides)
+    return sides[shift:] + sides[:shift]
+
+
+def drain_sides(options: Options) -> list[Side]:
+    """One round of W1, W1b and W2: venturi, then each peer, then the W4 limit."""
+    sides: list[Side] = []
+
+    def venturi(o: Options, r: Record) -> None:
+        if o.workloads & {"w1", "w2a"}:
+            run_venturi_single(o, r)
+        if o.workloads & {"w1b", "w2b"}:
+            run_venturi_bulk(o, r)
+
+    def pgqueuer(o: Options, r: Record) -> None:
+        if o.workloads & {"w1", "w2a"}:
+            run_pgq_single(o, r)
+        if o.workloads & {"w1b", "w2b"}:
+            run_pgq_bulk(o, r)
+
+    sides.append(venturi)
+    if "pgqueuer" in options.peers:
+        sides.append(pgqueuer)
+    if "w4" in options.workloads:
+        sides.append(run_limit)
+    return sides
+
+
+def wake_sides(options: Options, records: list[Record]) -> list[Side]:
+    """One round of W3: venturi's defaults and W2b best, the peer's, and W4 claim1."""
+    w3_cells = {"default": DEFAULTS}
+    best = best_cell(records)
+    if best is not None:
+        w3_cells["best"] = next(c for c in options.grid if c.label() == best[4:])
+    pgq_cells = {"default": pgq.PGQ_DEFAULTS}
+    pgq_best = compare.best_key(records, "pgq_w2b:", "done")
+    if pgq_best is not None:
+        pgq_cells["best"] = next(c for c in options.pgq_grid if f"pgq_w2b:{c.label()}" == pgq_best)
+    sides: list[Side] = [lambda o, r: run_venturi_wake(o, r, w3_cells)]
+    if "pgqueuer" in options.peers:
+        sides.append(lambda o, r: run_pgq_wake(o, r, pgq_cells))
+    if "w4" in options.workloads:
+        sides.append(run_limit_wake)
+    return sides
 
 
 def code_version() -> str:
@@ -1280,8 +1494,14 @@ def parse(argv: list[str] | None) -> Options:
         "--cells",
         default=None,
         help="W2b cells instead of the grid, e.g. 1x32x100x0,2x128 (processes x concurrency "
-        "[x batch size [x verbosity]])",
+        "[x batch size [x verbosity]]), or `full` for the whole published grid",
     )
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help="peer libraries to run beside venturi, comma-separated (pgqueuer)",
+    )
+    parser.add_argument("--no-peers", action="store_true", help="venturi and W4 only")
     parser.add_argument(
         "--chart",
         type=Path,
@@ -1294,10 +1514,14 @@ def parse(argv: list[str] | None) -> Options:
     if unknown:
         parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
     n = args.n or (100 if args.quick else 10_000)
+    if args.cells == "full":
+        grid = FULL_GRID
+    else:
+        grid = parse_cells(args.cells) if args.cells else QUICK_GRID if args.quick else GRID
     return Options(
         n=n,
-        repeat=args.repeat or (1 if args.quick else 2),
-        grid=parse_cells(args.cells) if args.cells else QUICK_GRID if args.quick else GRID,
+        repeat=args.repeat or (1 if args.quick else 3),
+        grid=grid,
         wake_count=20 if args.quick else 200,
         wake_settle=0.5 if args.quick else 1.0,
         analyze=not args.no_analyze,
@@ -1310,7 +1534,22 @@ def parse(argv: list[str] | None) -> Options:
         w6_cases=QUICK_W6_CASES if args.quick else W6_CASES,
         w8=QUICK_W8 if args.quick else (W8_WARMUP, W8_JOBS, W8_STEP),
         chart=args.chart or RESULTS_DIR / ("quick.png" if args.quick else "latest.png"),
+        peers=set() if args.no_peers else peers(parser, args.peers),
+        pgq_grid=pgq.PGQ_QUICK_GRID if args.quick else pgq.PGQ_GRID,
+        w2c_n=QUICK_W2C_N if args.quick else W2C_N,
     )
+
+
+def peers(parser: argparse.ArgumentParser, text: str) -> set[str]:
+    """The peers asked for that can run; one that is not installed is skipped, and said so."""
+    asked = {p.strip().lower() for p in text.split(",") if p.strip()}
+    unknown = asked - set(PEERS)
+    if unknown:
+        parser.error(f"unknown peers: {', '.join(sorted(unknown))}")
+    if "pgqueuer" in asked and (missing := pgq.available()):
+        log(f"PgQueuer skipped ({missing}; pip install -e '.[bench]')")
+        asked.discard("pgqueuer")
+    return asked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1325,12 +1564,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"run {run + 1}/{options.repeat}, N = {options.n:,}: W1, W1b, W2, W4, W7")
         options.run = run
         record = Record()
-        if "w4" in options.workloads:
-            run_limit(options, record)
-        if options.workloads & {"w1", "w2a"}:
-            run_venturi_single(options, record)
-        if options.workloads & {"w1b", "w2b"}:
-            run_venturi_bulk(options, record)
+        for side in rotated(drain_sides(options), run):
+            side(options, record)
         if "w7" in options.workloads:
             run_venturi_dedup(options, record)
         # W6 and W8 are slow to set up and measure growth, not a rate: once per invocation.
@@ -1339,18 +1574,27 @@ def main(argv: list[str] | None = None) -> int:
         if run == 0 and "w8" in options.workloads:
             run_venturi_memory(options, record)
         records.append(record)
+    if "w2c" in options.workloads:
+        venturi_cell, pgq_cell = w2c_cells(options, records)
+        for run, record in enumerate(records):
+            log(f"run {run + 1}/{options.repeat}: W2c, {options.w2c_n:,} jobs")
+            options.run = run
+            sides = [lambda o, r: run_venturi_w2c(o, r, venturi_cell)]
+            if "pgqueuer" in options.peers:
+                sides.append(lambda o, r: run_pgq_w2c(o, r, pgq_cell))
+            for side in rotated(sides, run):
+                side(options, record)
     if "w3" in options.workloads:
-        w3_cells = {"default": DEFAULTS}
-        best = best_cell(records)
-        if best is not None:
-            w3_cells["best"] = next(c for c in options.grid if c.label() == best[4:])
         for run, record in enumerate(records):
             log(f"run {run + 1}/{options.repeat}: W3")
             options.run = run
-            if "w4" in options.workloads:
-                run_limit_wake(options, record)
-            run_venturi_wake(options, record, w3_cells)
+            for side in rotated(wake_sides(options, records), run):
+                side(options, record)
     table, failures = build_table(options, records)
+    if options.peers:
+        comparison, peer_failures = compare.build(options, records)
+        table = comparison + "\n" + table
+        failures += peer_failures
     elapsed = time.monotonic() - started
     footer = f"\nTotal time {elapsed:.0f} s. " + (
         "All checks passed."
