@@ -5,16 +5,26 @@ CountJob: a keyed task whose clashes add up their `count` (W7, dedup under conte
 LimitedJob: a rate-limited kind, registered only when VENTURI_BENCH_RATE_LIMITED is set
 (benchmarks/flow_control.py: a plain drain with and without a limited kind present).
 StepJob: does nothing; the steps of the workflow benchmarks (benchmarks/workflows.py).
+OrmJob: W5's realistic handler, one read and one update of a `Counter` row through the ORM
+(benchmarks/scale.py).
+RichJob: the sink handler with an eight-field payload (benchmarks/scale.py, "real payloads").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
-from datetime import timedelta
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.db.models import F
+from django.utils import timezone
 
 import django_venturi as venturi
 from benchmarks import sink
+from benchmarks.bench_project.benchapp.models import Counter
 
 RATE_LIMITED_ENV = "VENTURI_BENCH_RATE_LIMITED"
 
@@ -52,6 +62,69 @@ class StepJob(venturi.Task):
     i: int
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
+COUNTER_ROWS = 1_000
+"""`Counter` rows the W5 harness seeds (ids 1..COUNTER_ROWS); job i touches row i % ROWS + 1."""
+
+
+@venturi.task(kind="bench.orm")
+@dataclasses.dataclass
+class OrmJob(venturi.Task):
+    """A realistic handler: read one row, then update one row, through the Django ORM."""
+
+    i: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        sink.handle(self.i)
+        row = Counter.objects.get(pk=self.i % COUNTER_ROWS + 1)
+        Counter.objects.filter(pk=row.pk).update(value=F("value") + 1, touched_at=timezone.now())
+        return venturi.Outcome.completed()
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+    BLUE = "blue"
+
+
+@dataclasses.dataclass
+class Address:
+    street: str
+    city: str
+
+
+@venturi.task(kind="bench.rich")
+@dataclasses.dataclass
+class RichJob(venturi.Task):
+    """The sink handler with a payload of eight typed fields (one a nested dataclass)."""
+
+    i: int
+    at: datetime
+    amount: Decimal
+    ref: uuid.UUID
+    colour: Colour
+    tags: list[str]
+    address: Address
+    note: str
+
+    @classmethod
+    def example(cls, i: int) -> RichJob:
+        """Job i's payload: every field varies with i, as real payloads would."""
+        return cls(
+            i=i,
+            at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=i),
+            amount=Decimal(i) / 100 + Decimal("0.05"),
+            ref=uuid.UUID(int=i + 1),
+            colour=list(Colour)[i % 3],
+            tags=["bench", f"batch-{i // 1000}", f"shard-{i % 16}"],
+            address=Address(street=f"{i} Rue de la République", city="Lyon"),
+            note=f"order {i}: two boxes, leave at the door",
+        )
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        sink.handle(self.i)
         return venturi.Outcome.completed()
 
 
