@@ -31,7 +31,7 @@ from django_venturi import rate_starts, signals, verdicts
 from django_venturi.conf import venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.rate_limits import RateLimit
-from django_venturi.reconnect import close_broken_connections
+from django_venturi.reconnect import JobConnections, close_broken_connections
 from django_venturi.registry import UnknownKind, registry
 from django_venturi.results import ResultsWriter
 from django_venturi.run_events import RunEvents
@@ -128,30 +128,31 @@ class Handlers:
             return self._work.popleft()
 
     def _thread_main(self) -> None:
+        kept = JobConnections()
         while True:
             execution = self._next()
             if execution is None:
                 break
             try:
-                self._run_sync(execution)
+                self._run_sync(execution, kept)
             except BaseException as error:
                 self._failed_around(execution, error)
             if execution.abandoned and execution.replaced:
                 break  # a replacement thread holds this slot now
         db.connections.close_all()
 
-    def _run_sync(self, execution: Execution) -> None:
+    def _run_sync(self, execution: Execution, connections: JobConnections) -> None:
         limit = self._rate_limit(execution)
         if limit is not None and not self._rate_limited_start(execution, limit):
             return  # handed back
         if not self.runs.start(execution):
             return  # released meanwhile
         self._started(execution)
-        db.close_old_connections()
+        connections.before_job()
         try:
             verdict = execution.run_sync()
         finally:
-            db.close_old_connections()
+            connections.after_job()
         self.finish(execution, verdict)
 
     # ------------------------------------------------------------ async handlers
@@ -246,9 +247,9 @@ class Handlers:
         self._decided(verdict)
 
     def _decided(self, verdict: Verdict) -> None:
-        """The one verdict of a run: to the results writer, to the log, and wake the claimer."""
+        """The one verdict of a run: to the results writer (which logs it once written),
+        and wake the claimer."""
         self.results.submit(verdict)
-        self.events.verdict(verdict)
         self._wake()
 
     def _ended_before(self, execution: Execution, outcome: str) -> None:

@@ -2,8 +2,9 @@
 
 Django closes a broken or obsolete connection at the start and end of each
 request (`close_old_connections`). A worker's threads have no requests: the
-handler threads and the main thread close theirs after each job or failure,
-and this module does the same for the threads of `sync_to_async`, where the
+handler threads keep theirs from job to job (`JobConnections`), the main thread
+closes its own after a failure, and this module does the same for the threads
+of `sync_to_async`, where the
 ORM calls of `async def` handlers run. Without it, a connection broken by a
 database restart would stay broken in such a thread, failing every run there.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import select
+import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -34,6 +37,62 @@ def close_broken_connections() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.connection is not None and not connection.is_usable():
             connection.close()
+
+
+IDLE_CHECK_AFTER = 30.0
+"""A handler thread's kept connection unused this many seconds is checked (one round
+trip) before the next job: a server, a proxy or a firewall may have dropped it."""
+
+
+class JobConnections:
+    """The connections of one handler thread, kept from job to job.
+
+    Django closes a connection at the end of each request once `CONN_MAX_AGE`
+    has passed, and `CONN_MAX_AGE = 0` (its default) means one connection per
+    request. A worker is not a request cycle: a new connection per job would
+    cost a connection (and a backend process) per job. So in a worker's handler
+    threads `CONN_MAX_AGE = 0` keeps the connection for the life of the thread;
+    a positive `CONN_MAX_AGE` still closes it once that old, and `None` never.
+    Whatever the setting, a connection is closed after a job that left it
+    unusable (an error and a failed check) or with autocommit changed, and one
+    left unused for IDLE_CHECK_AFTER seconds is checked before the next job.
+    """
+
+    def __init__(self) -> None:
+        self._last_used = time.monotonic()
+
+    def before_job(self) -> None:
+        if time.monotonic() - self._last_used >= IDLE_CHECK_AFTER:
+            self._tidy()  # a positive CONN_MAX_AGE may have passed while idle
+            close_broken_connections()
+            return
+        for connection in connections.all(initialized_only=True):
+            if _closed_by_server(connection.connection):
+                connection.close()
+
+    def after_job(self) -> None:
+        self._tidy()
+        self._last_used = time.monotonic()
+
+    @staticmethod
+    def _tidy() -> None:
+        """Django's end-of-request step, with CONN_MAX_AGE = 0 read as "keep"."""
+        for connection in connections.all(initialized_only=True):
+            if connection.settings_dict.get("CONN_MAX_AGE") == 0:
+                connection.close_at = None
+            connection.close_if_unusable_or_obsolete()
+
+
+def _closed_by_server(raw: object) -> bool:
+    """Whether an idle client connection has something to read: the server closed it
+    (a restart, `pg_terminate_backend`, an idle timeout). No round trip: one poll of
+    its socket. A connection without a socket (SQLite) never is."""
+    try:
+        fileno = raw.fileno()  # type: ignore[attr-defined]
+        readable, _, _ = select.select([fileno], [], [], 0)
+    except (AttributeError, OSError, ValueError, TypeError):
+        return False
+    return bool(readable)
 
 
 def reachable(alias: str) -> bool:

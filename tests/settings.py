@@ -174,3 +174,6 @@ LOGGING = {
         "django_tasks": {"handlers": ["stderr"], "level": "ERROR", "propagate": False},
     },
 }
+if os.environ.get("VENTURI_TEST_WORKER_LOG"):
+    # A project that configures no logging: `venturi_worker` sets up its own stderr log.
+    LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -300,3 +300,20 @@ class OutlastsOutage(venturi.Task):
         append_run(ctx, self.path)
         time.sleep(self.sleep)
         return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.backend_pid")
+@dataclasses.dataclass
+class BackendPid(venturi.Task):
+    """Records the PostgreSQL backend its handler thread's connection talks to."""
+
+    n: int = 0
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        from django.db import connections
+
+        with connections[ctx.database].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        record(ctx, "backend_pid", pid)
+        return venturi.Outcome.completed()

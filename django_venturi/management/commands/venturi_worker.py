@@ -20,6 +20,7 @@ from django_venturi.conf import venturi_settings
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
 from django_venturi.worker import Worker, WorkerFailed
+from django_venturi.worker_log import stderr_handler
 
 
 def positive_int(text: str) -> int:
@@ -204,9 +205,7 @@ class Command(BaseCommand):
         logger = logging.getLogger("django_venturi")
         if logger.handlers or logging.getLogger().handlers:
             return
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        logger.addHandler(handler)
+        logger.addHandler(stderr_handler())
         logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
 
 

@@ -1,0 +1,72 @@
+"""The stderr log `venturi_worker` sets up when the project configured none.
+
+One line per run at the default verbosity must not cost the worker its speed.
+The results writer logs a whole batch of verdicts at once (`run_events.py`);
+this handler writes those lines into a buffer and hands the buffer to stderr
+once per batch, in one write, instead of one write per line. A warning or an
+error is written at once, and so is every line logged outside a batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TextIO
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+_batch = threading.local()
+
+
+@contextlib.contextmanager
+def batched_lines() -> Iterator[None]:
+    """Within this block, this thread's INFO and DEBUG lines are written at its end."""
+    _batch.open = True
+    try:
+        yield
+    finally:
+        _batch.open = False
+        for handler in logging.getLogger("django_venturi").handlers:
+            if isinstance(handler, BatchingStreamHandler):
+                handler.flush_batch()
+
+
+class BatchingStreamHandler(logging.StreamHandler[TextIO]):
+    """A stream handler that flushes INFO and DEBUG lines once per batch (see above)."""
+
+    def flush(self) -> None:
+        if getattr(_batch, "open", False):
+            return  # `batched_lines` flushes at the end of its block
+        super().flush()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if record.levelno >= logging.WARNING and getattr(_batch, "open", False):
+            super().flush()
+
+    def flush_batch(self) -> None:
+        super().flush()
+
+
+def stderr_handler() -> logging.Handler:
+    """A batching handler on a buffered stream over stderr's file descriptor, or a
+    plain one when stderr has none (a test that replaced `sys.stderr`)."""
+    try:
+        fileno = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        raw = io.FileIO(fileno, "w", closefd=False)
+        stream = io.TextIOWrapper(
+            io.BufferedWriter(raw, 1 << 16),
+            encoding=sys.stderr.encoding or "utf-8",
+            errors="backslashreplace",
+        )
+        sys.stderr.flush()
+        handler = BatchingStreamHandler(stream)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    return handler
