@@ -249,7 +249,8 @@ class ResultsWriter(Service):
         of the throughput at the default verbosity."""
         with batched_lines():
             for verdict in written:
-                self.events.verdict(verdict)
+                if verdict.outcome != JournalOutcome.RELEASED:  # `Handlers.release` logs those
+                    self.events.verdict(verdict)
         for verdict in written:
             was_applied = (verdict.job.id, verdict.job.attempt) in applied
             self.events.send(
