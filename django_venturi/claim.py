@@ -65,6 +65,14 @@ class ClaimedJob:
     """Whether jobs were enqueued after this one when it was claimed (its verdict then
     resolves them in the verdict's transaction)."""
 
+    def start_after(self, waited: float) -> None:
+        """Its handler starts `waited` seconds after the claim: date the run from there.
+
+        Set in place: a claimed job belongs to its one run, which has not started
+        yet, and rebuilding its sixteen fields cost 3 µs per job.
+        """
+        object.__setattr__(self, "started_at", self.started_at + timedelta(seconds=waited))
+
     @property
     def run_key(self) -> RunKey:
         """This run's identity: a job claimed twice by one worker has two runs."""

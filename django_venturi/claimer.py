@@ -120,17 +120,23 @@ class Claimer:
                 self._guarded(scheduler.run_pass, "the periodic scheduler")
                 next_periodic = time.monotonic() + scheduler.interval
             capacity = self._capacity()
-            free = self._free(capacity)
+            busy, held_back = self._load()
+            free = capacity - busy - held_back
             # Claim in batches of at least `concurrency` (at least half the local
             # buffer), not one claim per finished job.
             threshold = max(self.handlers.concurrency, capacity // 2)
-            claimed = self._claim(free) if free >= threshold else None
-            if claimed and len(claimed) < free:
-                continue  # slots left: claim again at once (a capped kind may have held back)
+            request = self._request(free) if free >= threshold else None
+            claimed = None if request is None else self._claim(request)
+            if claimed is not None and self._claim_again(request, claimed):
+                continue
             if self.burst and not claimed and self.runs.idle():
                 if self._confirm_nothing_due():
                     return
                 continue
+            # A finishing run wakes the loop once there is room to claim into again.
+            self.handlers.wake_at_busy = capacity - threshold - held_back
+            if request is None and self.runs.busy() <= self.handlers.wake_at_busy:
+                continue  # runs finished since the room was counted
             # Nothing due: sleep until the next poll or scheduled job. Otherwise all
             # slots are busy, and a finishing job wakes the loop.
             wait = self._idle_wait() if claimed == [] else self.poll_interval
@@ -153,9 +159,19 @@ class Claimer:
 
     # ------------------------------------------------------------ claiming
 
-    def _claim(self, free: int) -> list[ClaimedJob] | None:
+    @staticmethod
+    def _claim_again(request: ClaimRequest | None, claimed: list[ClaimedJob]) -> bool:
+        """Whether to claim again before waiting: the claim came back full (more may be
+        due), or short with a capped or rate-limited kind in it, which may have taken the
+        places of other kinds' jobs. Short otherwise: nothing more is due now."""
+        assert request is not None
+        if not claimed:
+            return False
+        return len(claimed) >= request.limit or bool(request.limits or request.rates)
+
+    def _claim(self, request: ClaimRequest) -> list[ClaimedJob] | None:
         def claim_and_dispatch() -> list[ClaimedJob]:
-            jobs = claim(self.alias, self._request(free), self._clock)
+            jobs = claim(self.alias, request, self._clock)
             claimed = time.monotonic()
             for job in jobs:
                 self.handlers.dispatch(self._make_execution(job, claimed))
@@ -222,14 +238,14 @@ class Claimer:
             ahead = max(ahead, min(self.batch_size, within_horizon))
         return slots + ahead
 
-    def _free(self, capacity: int) -> int:
-        """Room to claim into: the buffer's, less what the results writer has fallen behind by.
+    def _load(self) -> tuple[int, int]:
+        """Runs in slots and buffer, and how many claims the results writer's lag holds back.
 
         Verdicts waiting to be written beyond UNWRITTEN_ALLOWANCE hold claims
         back, so a slow database never lets held jobs (and memory) pile up.
         """
         busy, unwritten = self.runs.busy_and_unwritten()
-        return capacity - busy - max(0, unwritten - UNWRITTEN_ALLOWANCE)
+        return busy, max(0, unwritten - UNWRITTEN_ALLOWANCE)
 
     def _confirm_nothing_due(self) -> bool:
         """In burst mode: after the last verdicts are written, is anything due?
@@ -237,7 +253,7 @@ class Claimer:
         Due jobs held back by a rate limit count: the worker waits for the window
         to open and runs them (jobs of paused queues and kinds do not count)."""
         free = self._capacity() - self.runs.busy()
-        claimed = self._claim(free)
+        claimed = self._claim(self._request(free))
         if claimed is None or claimed or not self.runs.idle():
             return False
         waiting = self._guarded(

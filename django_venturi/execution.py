@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django_venturi import backend_runner, verdicts
@@ -66,8 +64,7 @@ class Execution:
         is added.
         """
         self.started = time.monotonic()
-        waited = timedelta(seconds=max(0.0, self.started - self.claimed))
-        self.job = dataclasses.replace(self.job, started_at=self.job.started_at + waited)
+        self.job.start_after(max(0.0, self.started - self.claimed))
 
     # ------------------------------------------------------------ progress
 

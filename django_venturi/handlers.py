@@ -15,11 +15,10 @@ the run ends `timeout`, a replacement thread takes the slot (up to
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
+import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import timedelta
@@ -60,8 +59,8 @@ class Handlers:
         self.events = events
         self._wake = wake
         self._lock = threading.Lock()
-        self._work: deque[Execution | None] = deque()
-        self._work_ready = threading.Condition(self._lock)
+        self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
+        """Runs waiting for a handler thread (None: a thread's stop marker)."""
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lost_threads = 0
@@ -69,6 +68,10 @@ class Handlers:
         self._unreplaced = 0
         """Of those, how many no replacement thread took over (each is a slot less)."""
         self._mean_duration: float | None = None
+        self.wake_at_busy = concurrency
+        """A finishing run wakes the claim loop once the runs held in slots and buffer
+        number this many or fewer (the loop claims only when that much room is free;
+        waking it at every finish cost a thread switch per job)."""
         self.async_connections_checked = True
         """False after a lost database or a failed async run, until `sync_to_async`'s
         thread has closed its broken connections."""
@@ -81,9 +84,8 @@ class Handlers:
 
     def stop(self) -> None:
         """End the idle threads (busy ones end when their handler returns)."""
-        with self._work_ready:
-            self._work.extend([None] * len(self._threads))
-            self._work_ready.notify_all()
+        for _ in self._threads:
+            self._work.put(None)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
@@ -110,9 +112,7 @@ class Handlers:
             )
             future.add_done_callback(self._async_done)
         else:
-            with self._work_ready:
-                self._work.append(execution)
-                self._work_ready.notify()
+            self._work.put(execution)
 
     def _add_thread(self) -> None:
         thread = threading.Thread(
@@ -121,16 +121,10 @@ class Handlers:
         self._threads.append(thread)
         thread.start()
 
-    def _next(self) -> Execution | None:
-        with self._work_ready:
-            while not self._work:
-                self._work_ready.wait()
-            return self._work.popleft()
-
     def _thread_main(self) -> None:
         kept = JobConnections()
         while True:
-            execution = self._next()
+            execution = self._work.get()
             if execution is None:
                 break
             try:
@@ -239,12 +233,13 @@ class Handlers:
         if not self.runs.end(execution):
             self._ended_before(execution, verdict.outcome)
             return
-        dirty, last_progress = execution.take_progress()
-        if dirty:
-            verdict = dataclasses.replace(verdict, set_progress=True, progress=last_progress)
-        verdict = _timed(execution, verdict)
+        verdict = verdicts.record_run(
+            verdict, duration=_duration(execution), progress=execution.take_progress()
+        )
         self._observe_duration(verdict.duration)
-        self._decided(verdict)
+        self.results.submit(verdict)
+        if self.runs.busy() <= self.wake_at_busy:
+            self._wake()
 
     def _decided(self, verdict: Verdict) -> None:
         """The one verdict of a run: to the results writer (which logs it once written),
@@ -320,7 +315,7 @@ class Handlers:
             lost = self._lost_threads
         spec = registry.get(execution.job.kind)
         verdict = execution.timeout_verdict(spec, grace=f" and its grace of {_grace()}")
-        self._decided(_timed(execution, verdict))
+        self._decided(verdicts.record_run(verdict, duration=_duration(execution)))
         if execution.replaced:
             self._add_thread()
             logger.warning(
@@ -354,11 +349,9 @@ class Handlers:
         self._wake()
 
 
-def _timed(execution: Execution, verdict: Verdict) -> Verdict:
-    """The verdict with how long its handler ran (if it started)."""
-    if execution.started is None:
-        return verdict
-    return dataclasses.replace(verdict, duration=time.monotonic() - execution.started)
+def _duration(execution: Execution) -> float | None:
+    """How long the run's handler ran (None if it did not start)."""
+    return None if execution.started is None else time.monotonic() - execution.started
 
 
 def _grace() -> timedelta:

@@ -119,6 +119,24 @@ class Verdict:
     worker only does what follows a write."""
 
 
+def record_run(
+    verdict: Verdict, *, duration: float | None, progress: tuple[bool, Any] = (False, None)
+) -> Verdict:
+    """Add what the worker measured of the run to its fresh verdict: how long the handler
+    ran, and its last `ctx.progress()` if not written yet (`progress`: dirty, value).
+
+    Set in place: a verdict is built for one run and reaches no one before its run
+    ends, and rebuilding its fields (`dataclasses.replace`) cost 3 µs twice per job,
+    a twentieth of a tiny job's whole cost in the worker.
+    """
+    if duration is not None:
+        object.__setattr__(verdict, "duration", duration)
+    if progress[0]:
+        object.__setattr__(verdict, "set_progress", True)
+        object.__setattr__(verdict, "progress", progress[1])
+    return verdict
+
+
 def completed(job: ClaimedJob) -> Verdict:
     return Verdict(job, JournalOutcome.COMPLETED, State.COMPLETED)
 
