@@ -139,6 +139,14 @@ def delete_jobs(jobs: QuerySet[Job], *, using: str) -> tuple[int, dict[str, int]
     """
     since = tallies.window_start(database_time(using))
     with transaction.atomic(using=using):
+        # Lock them first: a verdict being written for one of them (it holds the
+        # job's row) is committed, journal entry and all, before the journal is read.
+        list(
+            jobs.model.objects.using(using)
+            .filter(id__in=jobs.using(using).values("id"))
+            .select_for_update()
+            .values_list("id", flat=True)
+        )
         _cancel_waiting_for(using, jobs.using(using))
         return _fold_and_delete(using, jobs.using(using), since)
 

@@ -38,8 +38,8 @@ class RunEvents:
 
     def send(self, signal: Signal, **arguments: Any) -> None:
         """Send a signal; a failing receiver is logged, never allowed to stop the worker."""
-        if not signal.has_listeners(self.sender):
-            return
+        if not signal.receivers or not signal.has_listeners(self.sender):
+            return  # `has_listeners` alone takes a lock and walks the receivers
         for receiver, result in signal.send_robust(self.sender, **arguments):
             if isinstance(result, Exception):
                 logger.error(

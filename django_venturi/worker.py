@@ -128,14 +128,14 @@ class Worker:
             health=self.health,
             events=self.events,
             force=self._force,
-            on_written=self._wake.set,
+            on_written=self._wake_claimer,
         )
         self.handlers = Handlers(
             concurrency=self.concurrency,
             runs=self.runs,
             results=self.results,
             events=self.events,
-            wake=self._wake.set,
+            wake=self._wake_claimer,
         )
         self.health.on_database_error = self._on_database_error
         self.heartbeat = Heartbeat(
@@ -320,6 +320,11 @@ class Worker:
             worker=self.name,
             claimed=claimed,
         )
+
+    def _wake_claimer(self) -> None:
+        """Wake the claim loop (from the handlers and the results writer, often)."""
+        if not self._wake.is_set():  # `set()` takes a lock and notifies every time
+            self._wake.set()
 
     def _register(self) -> None:
         registration.register(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connections, transaction
 
 import django_venturi as venturi
-from django_venturi import verdicts
+from django_venturi import retention, verdicts
 from django_venturi.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.completion import write_verdicts
-from django_venturi.models import Job
+from django_venturi.models import Job, JournalEntry
 from django_venturi.scheduling import TierClock
 from tests.testapp.dedup_tasks import Recompute
 from tests.testapp.tasks import Noop
@@ -117,3 +119,40 @@ def test_the_journal_keeps_the_batch_order(alias: str) -> None:
         (2, "discarded"),
         (1, "discarded"),
     ]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_a_job_deleted_while_its_verdict_is_written_leaves_no_journal_entry() -> None:
+    """The journal's link to its job is not a database constraint: deleting a job waits
+    for a verdict that holds it, so the entry that verdict adds goes with the job."""
+    Noop().enqueue(using="default")
+    run = claim_one("default", "tests.noop")
+    written, finish = threading.Event(), threading.Event()
+
+    def write_and_hold() -> None:
+        try:
+            with transaction.atomic(using="default"):
+                write_verdicts("default", "test", [verdicts.completed(run)])
+                written.set()
+                finish.wait(10)
+        finally:
+            connections.close_all()
+
+    def delete() -> None:
+        try:
+            retention.delete_jobs(Job.objects.filter(pk=run.id), using="default")
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=write_and_hold)
+    writer.start()
+    assert written.wait(10)
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    deleter.join(0.5)
+    assert deleter.is_alive(), "the delete did not wait for the verdict holding the job"
+    finish.set()
+    writer.join(10)
+    deleter.join(10)
+    assert not Job.objects.filter(pk=run.id).exists()
+    assert not JournalEntry.objects.filter(job_id=run.id).exists()
