@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import difflib
+import gc
 import logging
 import os
 import sys
@@ -75,6 +76,8 @@ class Command(BaseCommand):
     requires_system_checks = "__all__"
     left_running = 0
     """Handlers still running when the worker stopped (see `run_from_argv`)."""
+    own_process = False
+    """Run from the command line (`run_from_argv`), not by `call_command`."""
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -137,6 +140,12 @@ class Command(BaseCommand):
             list_kinds=options["verbosity"] >= 2,
         )
         restore = worker.install_signal_handlers()
+        if self.own_process:
+            # What start-up made (Django, the apps, their modules) lives as long as
+            # the process: out of the cyclic collector's sight, its collections no
+            # longer walk all of it (3.5 µs per job on tiny jobs). Not under
+            # `call_command`, whose process may go on to other things.
+            gc.freeze()
         try:
             worker.run()
         except WorkerFailed as error:
@@ -154,6 +163,7 @@ class Command(BaseCommand):
         async handlers (and any other non-daemon thread a handler started), however
         long they take. `call_command` does not come here: it never ends its process.
         """
+        self.own_process = True
         try:
             super().run_from_argv(argv)
         except SystemExit as exiting:
