@@ -160,14 +160,19 @@ INSERT INTO {journal}
     (job_id, attempt, worker, started_at, finished_at, outcome, error_type, error_message,
      traceback)
 SELECT verdict.id, verdict.attempt, verdict.worker, verdict.started_at, now(),
-       CASE WHEN applied.id IS NULL OR verdict.repeat THEN %(discarded)s
+       -- By run, not by job: a stale run's verdict beside the live run's in one batch
+       -- is not the one applied. Looked up in `applied` by hashed subplans, not a
+       -- join: the planner thinks `applied` holds one row and would loop over it
+       -- once per verdict (a quarter of a million comparisons for a batch of 500).
+       CASE WHEN verdict.repeat OR (verdict.id, verdict.token) NOT IN (
+                SELECT applied.id, applied.token FROM applied) THEN %(discarded)s
             -- A requeue turned into a cancel (not a dedup fold, whose verdict says so).
-            WHEN applied.state = %(cancelled)s AND verdict.state = 'ready' THEN %(cancelled)s
+            WHEN verdict.state = 'ready' AND (verdict.id, verdict.token) IN (
+                SELECT applied.id, applied.token FROM applied
+                WHERE applied.state = %(cancelled)s) THEN %(cancelled)s
             ELSE verdict.outcome END,
        verdict.error_type, verdict.error_message, verdict.traceback
--- By run, not by job: a stale run's verdict beside the live run's in one batch is
--- not the one applied.
-FROM verdict LEFT JOIN applied ON applied.id = verdict.id AND applied.token = verdict.token
+FROM verdict
 -- Rows of jobs deleted meanwhile (cleanup) have nothing to attach to.
 WHERE verdict.id IN (SELECT still.id FROM {job} AS still WHERE still.id = ANY(%(ids)s::bigint[]))
 ORDER BY verdict.n  -- journal ids in batch order
@@ -200,9 +205,11 @@ finished AS (SELECT id, state FROM applied WHERE state = %(completed)s AND depen
 {count_completions}
 SELECT journaled.job_id, journaled.attempt, journaled.outcome,
        journaled.job_id IN (
-           SELECT applied.id FROM applied JOIN seen ON seen.id = applied.id
+           SELECT applied.id FROM applied
            WHERE applied.dependents > 0
-             AND (applied.state <> %(completed)s OR applied.dependents <> seen.dependents)
+             AND (applied.state <> %(completed)s
+                  -- `seen` by a hashed subplan, not a join: see `journaled`.
+                  OR (applied.id, applied.dependents) NOT IN (SELECT id, dependents FROM seen))
        ),
        (SELECT count(*) FROM woken)
 FROM journaled
