@@ -373,30 +373,7 @@ ranked AS (
                AS turn
     FROM pool
 ),
--- A capped kind contributes no more candidates than its room; a rate-limited
--- kind no more than each key's room and, all limited kinds together, than
--- `rate_room`.
-capped AS (
-    SELECT id, priority, turn, kind, rate_key,
-           row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank,
-           row_number() OVER (PARTITION BY kind, rate_key ORDER BY turn, priority) AS key_rank,
-           row_number() OVER (PARTITION BY kind = ANY(%(rate_kinds)s::text[])
-                              ORDER BY turn, priority) AS limited_rank
-    FROM ranked
-),
-chosen AS (
-    SELECT capped.id, capped.kind, capped.rate_key, rates.kind IS NOT NULL AS limited
-    FROM capped
-    LEFT JOIN room ON room.kind = capped.kind
-    LEFT JOIN rates ON rates.kind = capped.kind
-    LEFT JOIN used ON used.kind = capped.kind AND used.key = capped.rate_key
-    WHERE (room.room IS NULL OR capped.kind_rank <= room.room)
-      AND (rates.kind IS NULL
-           OR (capped.key_rank <= rates.cap - coalesce(used.used, 0)
-               AND capped.limited_rank <= %(rate_room)s::integer))
-    ORDER BY capped.turn, capped.priority
-    LIMIT %(limit)s
-),
+{choose}
 -- Each start of a limited kind counts from now on; starts out of every window go.
 recorded AS (
     INSERT INTO {ledger} (kind, key, started_at, job_id)
@@ -434,6 +411,44 @@ RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carr
 """
 
 
+_CHOOSE_LIMITED = """
+-- A capped kind contributes no more candidates than its room; a rate-limited
+-- kind no more than each key's room and, all limited kinds together, than
+-- `rate_room`.
+capped AS (
+    SELECT id, priority, turn, kind, rate_key,
+           row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank,
+           row_number() OVER (PARTITION BY kind, rate_key ORDER BY turn, priority) AS key_rank,
+           row_number() OVER (PARTITION BY kind = ANY(%(rate_kinds)s::text[])
+                              ORDER BY turn, priority) AS limited_rank
+    FROM ranked
+),
+chosen AS (
+    SELECT capped.id, capped.kind, capped.rate_key, rates.kind IS NOT NULL AS limited
+    FROM capped
+    LEFT JOIN room ON room.kind = capped.kind
+    LEFT JOIN rates ON rates.kind = capped.kind
+    LEFT JOIN used ON used.kind = capped.kind AND used.key = capped.rate_key
+    WHERE (room.room IS NULL OR capped.kind_rank <= room.room)
+      AND (rates.kind IS NULL
+           OR (capped.key_rank <= rates.cap - coalesce(used.used, 0)
+               AND capped.limited_rank <= %(rate_room)s::integer))
+    ORDER BY capped.turn, capped.priority
+    LIMIT %(limit)s
+),
+"""
+
+# Without capped or rate-limited kinds, the candidates in turn order are all there is
+# to it: no window sorts (they were a sixth of the statement's time).
+_CHOOSE_UNLIMITED = """
+chosen AS (
+    SELECT id, kind, rate_key, false AS limited FROM ranked
+    ORDER BY turn, priority
+    LIMIT %(limit)s
+),
+"""
+
+
 def _tables(alias: str) -> dict[str, str]:
     quote = connections[alias].ops.quote_name
     return {
@@ -453,6 +468,7 @@ def _fragments(alias: str, request: ClaimRequest) -> dict[str, str]:
         "paused": _PAUSED.format(**tables),
         "rates": _RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
+        "choose": _CHOOSE_LIMITED if request.limits or request.rates else _CHOOSE_UNLIMITED,
     }
 
 
