@@ -81,10 +81,10 @@ class Cell:
 
     def label(self) -> str:
         if self == DEFAULTS:
-            return "1 process, defaults (concurrency 10, batch 100, -v 1)"
+            return "1 process, defaults (concurrency 10, batch 500, -v 1)"
         parts = [f"{self.processes} process{'es' if self.processes > 1 else ''}"]
         parts.append(f"concurrency {self.concurrency or 10}")
-        parts.append(f"batch {self.batch_size or 100}")
+        parts.append(f"batch {self.batch_size or 500}")
         parts.append(f"-v {1 if self.verbosity is None else self.verbosity}")
         return ", ".join(parts)
 

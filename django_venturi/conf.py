@@ -24,7 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL": timedelta(seconds=10),
     "RESCUE_INTERVAL": timedelta(seconds=5),
     "CONCURRENCY": 10,
-    "BATCH_SIZE": 100,
+    "BATCH_SIZE": 500,
     "POLL_INTERVAL": timedelta(seconds=1),
     "SHUTDOWN_TIMEOUT": timedelta(seconds=30),
     "NOTIFY_CHANNEL": "venturi",

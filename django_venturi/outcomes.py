@@ -51,6 +51,8 @@ class Outcome:
         them, dicts keyed by str), checked as a payload's untyped fields are; a result
         that does not fit fails the job permanently.
         """
+        if result is None and cls is Outcome:
+            return _COMPLETED  # the common return of every tiny job, made once
         return cls(OutcomeKind.COMPLETED, result=result)
 
     @classmethod
@@ -70,6 +72,9 @@ class Outcome:
     def failed(cls, reason: str) -> Outcome:
         """A permanent failure: the job ends `failed` and is not retried."""
         return cls(OutcomeKind.FAILED, reason=reason)
+
+
+_COMPLETED = Outcome(OutcomeKind.COMPLETED)
 
 
 class TaskError(Exception):

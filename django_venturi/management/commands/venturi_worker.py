@@ -105,7 +105,7 @@ class Command(BaseCommand):
             "--batch-size",
             type=positive_int,
             default=None,
-            help="Most jobs per claim (default: VENTURI BATCH_SIZE, 100).",
+            help="Most jobs per claim (default: VENTURI BATCH_SIZE, 500).",
         )
         parser.add_argument(
             "--database", default=None, help="Database alias holding the jobs (VENTURI DATABASE)."
