@@ -401,11 +401,21 @@ def _loaded(alias: str, new_job: NewJob, **values: Any) -> Job:
         merged_count=0,
     )
     names, defaults = _fields_and_defaults()
-    row = [
-        values[name] if name in values else default() if callable(default) else default
-        for name, default in zip(names, defaults, strict=True)
-    ]
+    positions, made_per_row = _row_layout()
+    row = list(defaults)
+    for index in made_per_row:
+        row[index] = defaults[index]()
+    for name, value in values.items():
+        row[positions[name]] = value
     return Job.from_db(alias, names, row)
+
+
+@functools.cache
+def _row_layout() -> tuple[dict[str, int], list[int]]:
+    """Each field's place in a row, and the places whose default is made per row."""
+    names, defaults = _fields_and_defaults()
+    positions = {name: index for index, name in enumerate(names)}
+    return positions, [index for index, default in enumerate(defaults) if callable(default)]
 
 
 @functools.cache
