@@ -14,6 +14,7 @@ import io
 import logging
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -52,6 +53,20 @@ class BatchingStreamHandler(logging.StreamHandler[TextIO]):
         super().flush()
 
 
+class _Formatter(logging.Formatter):
+    """The default formatter, with each second's `asctime` made once, not per line."""
+
+    _second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second[0]:
+            self._second = (second, time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second)))
+        return f"{self._second[1]},{int(record.msecs):03d}"  # logging's default layout
+
+
 def stderr_handler() -> logging.Handler:
     """A batching handler on a buffered stream over stderr's file descriptor, or a
     plain one when stderr has none (a test that replaced `sys.stderr`)."""
@@ -68,5 +83,5 @@ def stderr_handler() -> logging.Handler:
         )
         sys.stderr.flush()
         handler = BatchingStreamHandler(stream)
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(_Formatter(FORMAT))
     return handler
