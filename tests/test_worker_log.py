@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import django_venturi as venturi
+from django_venturi import worker_log
 from django_venturi.worker_log import FORMAT, BatchingStreamHandler, batched_lines
 from tests.conftest import ROOT, Workers, worker_env
 from tests.testapp import tasks
@@ -84,3 +85,15 @@ def test_a_worker_at_the_default_verbosity_logs_every_run(workers: Workers) -> N
     assert len(completed) == 300, result.stderr[-3000:]
     assert any(" ERROR " in line and f"job {failed.pk} " in line for line in lines)
     assert lines[-1].endswith("stopped after 301 runs"), lines[-3:]
+
+
+@pytest.mark.parametrize("created", [1796392830.0, 1796392830.0009, 1796392830.9996, 1796392831.5])
+def test_the_worker_formatter_writes_what_the_default_one_does(created: float) -> None:
+    """It makes each second's timestamp once; the line must not change for that."""
+    cached = worker_log.stderr_handler().formatter
+    assert cached is not None
+    for offset in (0.0, 0.25, 1.0):  # the same second again, and the next one
+        record = logging.LogRecord("django_venturi", logging.INFO, "f", 1, "m %d", (1,), None)
+        record.created = created + offset
+        record.msecs = (record.created - int(record.created)) * 1000
+        assert cached.format(record) == logging.Formatter(worker_log.FORMAT).format(record)
