@@ -70,6 +70,8 @@ class ClaimedJob:
     has_dependents: bool = False
     """Whether jobs were enqueued after this one when it was claimed (its verdict then
     resolves them in the verdict's transaction)."""
+    keyed: bool = False
+    """Whether it has a dedup key: a follow-up of its key may wait for its verdict."""
 
     def start_after(self, waited: float) -> None:
         """Its handler starts `waited` seconds after the claim: date the run from there.
@@ -110,6 +112,7 @@ class ClaimedJob:
             lease=lease,
             claim_sent=time.monotonic() if claim_sent is None else claim_sent,
             has_dependents=job.dependents > 0,
+            keyed=job.dedup_key is not None,
         )
 
 
@@ -435,7 +438,7 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 -- binary, where psycopg would decode jsonb itself; Django's loads it as text).
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
           job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
-          job.dependents > 0
+          job.dependents > 0, job.dedup_key IS NOT NULL
 """
 
 # The claim when no claimable kind is capped or rate-limited (the common case):
@@ -592,6 +595,7 @@ def _claim_postgresql(
             lease=_lease(row[10]),
             claim_sent=sent,
             has_dependents=row[11],
+            keyed=row[12],
         )
         for row in rows
     ]

@@ -73,6 +73,7 @@ class Claimer:
         make_execution: Callable[[ClaimedJob, float], Execution],
         service_died: Callable[[], bool],
         pause_watch: PauseWatch,
+        listening: Callable[[], bool] = lambda: False,
     ) -> None:
         self.worker = worker
         self.alias = alias
@@ -93,6 +94,12 @@ class Claimer:
         self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
         self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
         self._streak = Streak()
+        self._listening = listening
+        self._drained = False
+        self.quiet = False
+        """Nothing was due at the last claim and new jobs announce themselves (NOTIFY):
+        finishing runs do not wake the loop, nor do writes of verdicts that make no job
+        claimable (each such wake cost an empty claim)."""
 
     def _guarded(self, action: Callable[[], T], what: str) -> T | None:
         """A step of the loop; after a failure, wait before the loop goes on."""
@@ -127,14 +134,19 @@ class Claimer:
             threshold = max(self.handlers.concurrency, capacity // 2)
             request = self._request(free) if free >= threshold else None
             claimed = None if request is None else self._claim(request)
+            if claimed is not None:
+                assert request is not None
+                self._drained = self._nothing_more_due(request, claimed)
             if claimed is not None and self._claim_again(request, claimed):
                 continue
             if self.burst and not claimed and self.runs.idle():
                 if self._confirm_nothing_due():
                     return
                 continue
-            # A finishing run wakes the loop once there is room to claim into again.
-            self.handlers.wake_at_busy = capacity - threshold - held_back
+            # A finishing run wakes the loop once there is room to claim into again,
+            # unless nothing was due and new jobs will announce themselves.
+            self.quiet = self._drained and held_back == 0 and not self.burst and self._listening()
+            self.handlers.wake_at_busy = -1 if self.quiet else capacity - threshold - held_back
             if request is None and self.runs.busy() <= self.handlers.wake_at_busy:
                 continue  # runs finished since the room was counted
             # Nothing due: sleep until the next poll or scheduled job. Otherwise all
@@ -158,6 +170,12 @@ class Claimer:
             )
 
     # ------------------------------------------------------------ claiming
+
+    @staticmethod
+    def _nothing_more_due(request: ClaimRequest, claimed: list[ClaimedJob]) -> bool:
+        """The claim came back short with no capped or rate-limited kind in it: it took
+        every job that was due (a capped kind may hold back others' jobs)."""
+        return len(claimed) < request.limit and not (request.limits or request.rates)
 
     @staticmethod
     def _claim_again(request: ClaimRequest | None, claimed: list[ClaimedJob]) -> bool:

@@ -59,7 +59,7 @@ class ResultsWriter(Service):
         health: DatabaseHealth,
         events: RunEvents,
         force: threading.Event,
-        on_written: Callable[[], None],
+        on_written: Callable[[Sequence[Verdict]], None],
     ) -> None:
         super().__init__()
         self.alias = alias
@@ -269,7 +269,7 @@ class ResultsWriter(Service):
                 self._after_write(verdict, (verdict.job.id, verdict.job.attempt) in applied)
         self.runs.written(verdict.job for verdict in written)
         self.processed += len(written)
-        self._on_written()
+        self._on_written(written)
 
     def _after_write(self, verdict: Verdict, applied: bool) -> None:
         """Run a verdict's follow-up (Django Tasks' `task_finished`); log, never raise."""

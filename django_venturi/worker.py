@@ -50,10 +50,11 @@ from django_venturi.registry import registry
 from django_venturi.results import ResultsWriter
 from django_venturi.run_events import RunEvents
 from django_venturi.runs import Runs
-from django_venturi.states import JournalOutcome
+from django_venturi.states import JournalOutcome, State
 from django_venturi.supervision import DatabaseHealth, Service
 from django_venturi.sweeper import Sweeper
 from django_venturi.timeouts import Watchdog
+from django_venturi.verdicts import Verdict
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -128,7 +129,7 @@ class Worker:
             health=self.health,
             events=self.events,
             force=self._force,
-            on_written=self._wake_claimer,
+            on_written=self._written,
         )
         self.handlers = Handlers(
             concurrency=self.concurrency,
@@ -175,6 +176,7 @@ class Worker:
             make_execution=self._execution,
             service_died=self._service_died,
             pause_watch=self.pause_watch,
+            listening=self._listening,
         )
         self._services: list[Service] = [self.results, self.heartbeat]
         self._listener: Listener | None = None
@@ -325,6 +327,18 @@ class Worker:
         """Wake the claim loop (from the handlers and the results writer, often)."""
         if not self._wake.is_set():  # `set()` takes a lock and notifies every time
             self._wake.set()
+
+    def _written(self, verdicts: Sequence[Verdict]) -> None:
+        """Verdicts were written: wake the claim loop, unless it is quiet and none of them
+        made a job claimable (a requeue, or a keyed job whose follow-up may wait)."""
+        if not self.claimer.quiet or any(
+            verdict.state == State.READY or verdict.job.keyed for verdict in verdicts
+        ):
+            self._wake_claimer()
+
+    def _listening(self) -> bool:
+        """Whether new jobs wake this worker (its listener is connected)."""
+        return self._listener is not None and self._listener.connected.is_set()
 
     def _register(self) -> None:
         registration.register(
