@@ -109,13 +109,13 @@ FULL_GRID = [
 ]
 # The default grid: the cells that matter beside the PgQueuer peer (`--cells full`: all).
 GRID = [
-    Cell(1, 128, 100, 0),
-    Cell(2, 128, 100, 0),
-    Cell(2, 500, 500, 0),
-    Cell(1, 128, 100, None),
+    Cell(1, 16, 500, 0),
+    Cell(2, 8, 500, 0),
+    Cell(2, 8, 1000, 0),
+    Cell(1, 16, 500, None),
 ]
 QUICK_GRID = [Cell(1, 32, 100, 0), Cell(2, 32, 100, 0)]
-W2C_CELL = Cell(2, 128, 100, 0)
+W2C_CELL = Cell(2, 8, 1000, 0)
 """W2c's venturi configuration when no W2b cell of at most 2 processes ran."""
 W2C_N = 100_000
 QUICK_W2C_N = 1_000

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connections
+from django.test import override_settings
 
 from django_venturi.migration_state import migration_errors, unapplied_migrations
 from tests.conftest import ROOT, Workers, worker_env
@@ -59,6 +60,12 @@ def test_a_worker_refuses_a_database_whose_migrations_are_behind(
     assert error.id == "venturi.E030"
     assert "0004_schema_for_operations" in error.msg
 
+    # Read from the files and the recorder; the migration graph, which the check loads
+    # when MIGRATION_MODULES moved the app's migrations, says the same.
+    from_files = unapplied_migrations(alias)
+    assert from_files[0] == "0004_schema_for_operations"
+    with override_settings(MIGRATION_MODULES={"django_venturi": "django_venturi.migrations"}):
+        assert unapplied_migrations(alias) == from_files
     result = subprocess.run(
         workers.command(alias, "--burst"),
         env=worker_env(),

@@ -15,7 +15,6 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_venturi.backend import is_venturi_backend
 from django_venturi.checks import sqlite_transaction_mode_errors
 from django_venturi.conf import venturi_settings
 from django_venturi.migration_state import migration_errors
@@ -243,7 +242,13 @@ def default_queues() -> set[str]:
     queues = {spec.queue or venturi_settings.DEFAULT_QUEUE for spec in registry.specs()}
     queues.add(venturi_settings.DEFAULT_QUEUE)
     tasks = getattr(settings, "TASKS", None)
-    for entry in tasks.values() if isinstance(tasks, dict) else ():
+    if not isinstance(tasks, dict) or not tasks:
+        return queues
+    # Here, not at the top: the backend loads the Tasks frameworks installed, which a
+    # worker of a project without TASKS never needs (start-up time).
+    from django_venturi.backend import is_venturi_backend
+
+    for entry in tasks.values():
         if isinstance(entry, dict) and is_venturi_backend(entry.get("BACKEND")):
             queues.update(
                 name for name in entry.get("QUEUES", ["default"]) if isinstance(name, str)
