@@ -251,7 +251,8 @@ class ResultsWriter(Service):
             for verdict in written:
                 if verdict.outcome != JournalOutcome.RELEASED:  # `Handlers.release` logs those
                     self.events.verdict(verdict)
-        for verdict in written:
+        # No receivers: no arguments built per verdict (the usual case).
+        for verdict in written if signals.job_finished.receivers else ():
             was_applied = (verdict.job.id, verdict.job.attempt) in applied
             self.events.send(
                 signals.job_finished,
