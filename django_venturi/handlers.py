@@ -136,18 +136,26 @@ class Handlers:
         db.connections.close_all()
 
     def _run_sync(self, execution: Execution, connections: JobConnections) -> None:
-        limit = self._rate_limit(execution)
-        if limit is not None and not self._rate_limited_start(execution, limit):
-            return  # handed back
-        if not self.runs.start(execution):
-            return  # released meanwhile
-        self._started(execution)
+        # The thread's connections are checked first, so that nothing (a round trip,
+        # a dropped connection replaced) comes between a rate-limited job's start,
+        # recorded by `_rate_limited_start`, and its handler's first line.
         connections.before_job()
         try:
-            verdict = execution.run_sync()
+            verdict = self._start_and_run(execution)
         finally:
             connections.after_job()
-        self.finish(execution, verdict)
+        if verdict is not None:
+            self.finish(execution, verdict)
+
+    def _start_and_run(self, execution: Execution) -> Verdict | None:
+        """Start the run and its handler; None if it was handed back or released."""
+        limit = self._rate_limit(execution)
+        if limit is not None and not self._rate_limited_start(execution, limit):
+            return None  # handed back
+        if not self.runs.start(execution):
+            return None  # released meanwhile
+        self._started(execution)
+        return execution.run_sync()
 
     # ------------------------------------------------------------ async handlers
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from django import db
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -61,10 +62,11 @@ class JobConnections:
 
     def __init__(self) -> None:
         self._last_used = time.monotonic()
-        self._wrappers: list[BaseDatabaseWrapper] | None = None
-        """This thread's connection wrappers, one per alias. A thread keeps its wrapper
-        of an alias for its life; looking them up again per job (`connections.all()`)
-        cost a fifth of a handler thread's time on tiny jobs."""
+        self._wrappers = _wrappers_of_this_thread()
+        """This thread's connection wrappers, one per alias, made when the thread starts
+        (making one may import a database backend: never in the middle of a run). A
+        thread keeps its wrapper of an alias for its life; looking them up again per
+        job (`connections.all()`) cost a fifth of a handler thread's time on tiny jobs."""
 
     def before_job(self) -> None:
         if time.monotonic() - self._last_used >= IDLE_CHECK_AFTER:
@@ -81,8 +83,6 @@ class JobConnections:
 
     def _open(self) -> list[BaseDatabaseWrapper]:
         """The wrappers of this thread that hold a connection."""
-        if self._wrappers is None:  # in the handler thread: the wrappers are its own
-            self._wrappers = [connections[alias] for alias in connections]
         return [wrapper for wrapper in self._wrappers if wrapper.connection is not None]
 
     def _tidy(self) -> None:
@@ -91,6 +91,18 @@ class JobConnections:
             if wrapper.settings_dict.get("CONN_MAX_AGE") == 0:
                 wrapper.close_at = None
             wrapper.close_if_unusable_or_obsolete()
+
+
+def _wrappers_of_this_thread() -> list[BaseDatabaseWrapper]:
+    """A wrapper of each alias for the calling thread, but of those whose backend this
+    process cannot load (an alias the project never uses here: nor will its jobs)."""
+    wrappers = []
+    for alias in connections:
+        try:
+            wrappers.append(connections[alias])
+        except ImproperlyConfigured:  # its database driver is not installed here
+            continue
+    return wrappers
 
 
 def _closed_by_server(raw: object) -> bool:

@@ -60,3 +60,26 @@ def test_a_kept_connection_the_server_closed_is_replaced_before_the_next_job(
     assert second, "the second wave ran on the terminated connections"
     retried = Job.objects.exclude(attempt=1).count()
     assert retried == 0, f"{retried} jobs failed on a terminated connection:\n{workers.log()}"
+
+
+def test_an_alias_whose_backend_cannot_load_does_not_stop_a_handler_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Handler threads make their wrappers when they start; an alias whose driver this
+    process lacks (never used here) is left out instead of failing every run."""
+    from django.db.utils import ConnectionHandler
+
+    from django_venturi import reconnect
+
+    handler = ConnectionHandler(
+        {
+            "default": {**connections.settings["default"]},
+            "legacy": {"ENGINE": "no_such_driver.backend", "NAME": "x"},
+        }
+    )
+    monkeypatch.setattr(reconnect, "connections", handler)
+    kept = reconnect.JobConnections()
+    assert [wrapper.alias for wrapper in kept._wrappers] == ["default"]
+    kept.before_job()
+    kept.after_job()
+    handler.close_all()
