@@ -164,6 +164,12 @@ class ClaimRequest:
         return bool(self.kinds) or self.kind_prefix is not None
 
     @property
+    def limited(self) -> bool:
+        """Whether a kind it may take is capped or rate-limited (the full claim statement;
+        such a kind may take the places of other kinds' jobs in a short claim)."""
+        return bool(self.limits or self.rates)
+
+    @property
     def serialised(self) -> bool:
         """Whether the claim must hold the caps lock: it counts running jobs or starts."""
         return bool(self.rates) or any(limit.global_cap is not None for limit in self.limits)
@@ -460,7 +466,7 @@ eligible(kinds) AS (
 -- As in the full claim: the due jobs of each slot in claim order, skipping rows
 -- another worker is claiming right now.
 pool AS (
-    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, '' AS rate_key, tiers.clock, tiers.stride
+    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, tiers.clock, tiers.stride
     FROM slots
     JOIN tiers ON tiers.priority = slots.priority
     CROSS JOIN LATERAL (
@@ -481,7 +487,7 @@ pool AS (
     ) AS c
 ),
 ranked AS (
-    SELECT id, kind, priority, rate_key,
+    SELECT id, kind, priority,
            clock + stride * row_number() OVER (PARTITION BY priority ORDER BY rank, run_at, id)
                AS turn
     FROM pool
@@ -503,10 +509,10 @@ def _tables(alias: str) -> dict[str, str]:
     }
 
 
-def _fragments(alias: str, request: ClaimRequest) -> dict[str, str]:
+def _fragments(alias: str, listed_queues: bool) -> dict[str, str]:
     """The statement's shared parts, with the table names filled in."""
     tables = _tables(alias)
-    served = _SERVED_QUEUES_ALL if request.queues is None else _SERVED_QUEUES_LISTED
+    served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
     return {
         **tables,
         "served": served.format(**tables),
@@ -521,11 +527,8 @@ def _fragments(alias: str, request: ClaimRequest) -> dict[str, str]:
 def _claim_sql(alias: str, listed_queues: bool, limited: bool) -> str:
     """The claim statement: for given queues or all, with or without capped and
     rate-limited kinds (made once per shape: it is long to format)."""
-    request = ClaimRequest(
-        worker="", limit=0, kinds=(), leases=(), queues=() if listed_queues else None
-    )
     template = _CLAIM_SQL if limited else _CLAIM_UNLIMITED_SQL
-    return template.format(**_fragments(alias, request))
+    return template.format(**_fragments(alias, listed_queues))
 
 
 def _rate_params(request: ClaimRequest) -> dict[str, Any]:
@@ -542,7 +545,7 @@ def postgresql_statement(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> tuple[str, dict[str, Any]]:
     """The claim statement and its parameters (for the claim, and for EXPLAIN)."""
-    sql = _claim_sql(alias, request.queues is not None, bool(request.limits or request.rates))
+    sql = _claim_sql(alias, request.queues is not None, request.limited)
     params = {
         "queues": list(request.queues or []),
         "tiers": list(TIERS),
@@ -599,7 +602,7 @@ def _claim_postgresql(
         )
         for row in rows
     ]
-    return sorted(jobs, key=lambda job: job.id)
+    return jobs  # `claim` puts them in turn order
 
 
 def _json(value: str | None) -> Any:
@@ -856,7 +859,7 @@ def upcoming(alias: str, request: ClaimRequest) -> Upcoming:
     connection = connections[alias]
     if connection.vendor != "postgresql":
         return _upcoming_orm(alias, request)
-    sql = _NEXT_DUE_SQL.format(**_fragments(alias, request))
+    sql = _NEXT_DUE_SQL.format(**_fragments(alias, request.queues is not None))
     params = {
         "queues": list(request.queues or []),
         "kinds": list(request.kinds),

@@ -34,7 +34,9 @@ from django_venturi.rate_limits import RateRule
 from django_venturi.registry import registry
 from django_venturi.runs import Runs
 from django_venturi.scheduling import TierClock
+from django_venturi.states import State
 from django_venturi.supervision import DatabaseHealth, Streak
+from django_venturi.verdicts import Verdict
 
 T = TypeVar("T")
 
@@ -73,7 +75,7 @@ class Claimer:
         make_execution: Callable[[ClaimedJob, float], Execution],
         service_died: Callable[[], bool],
         pause_watch: PauseWatch,
-        listening: Callable[[], bool] = lambda: False,
+        listening: Callable[[], bool],
     ) -> None:
         self.worker = worker
         self.alias = alias
@@ -96,10 +98,12 @@ class Claimer:
         self._streak = Streak()
         self._listening = listening
         self._drained = False
-        self.quiet = False
-        """Nothing was due at the last claim and new jobs announce themselves (NOTIFY):
-        finishing runs do not wake the loop, nor do writes of verdicts that make no job
-        claimable (each such wake cost an empty claim)."""
+        """The last claim came back short with no capped or rate-limited kind in it: it
+        took every job that was due."""
+        self._quiet = False
+        """Drained, and new jobs announce themselves (NOTIFY): finishing runs do not wake
+        the loop, nor do writes of verdicts that make no job claimable (each such wake
+        cost an empty claim)."""
 
     def _guarded(self, action: Callable[[], T], what: str) -> T | None:
         """A step of the loop; after a failure, wait before the loop goes on."""
@@ -134,10 +138,7 @@ class Claimer:
             threshold = max(self.handlers.concurrency, capacity // 2)
             request = self._request(free) if free >= threshold else None
             claimed = None if request is None else self._claim(request)
-            if claimed is not None:
-                assert request is not None
-                self._drained = self._nothing_more_due(request, claimed)
-            if claimed is not None and self._claim_again(request, claimed):
+            if request is not None and claimed is not None and self._after_claim(request, claimed):
                 continue
             if self.burst and not claimed and self.runs.idle():
                 if self._confirm_nothing_due():
@@ -145,8 +146,8 @@ class Claimer:
                 continue
             # A finishing run wakes the loop once there is room to claim into again,
             # unless nothing was due and new jobs will announce themselves.
-            self.quiet = self._drained and held_back == 0 and not self.burst and self._listening()
-            self.handlers.wake_at_busy = -1 if self.quiet else capacity - threshold - held_back
+            self._quiet = self._drained and held_back == 0 and not self.burst and self._listening()
+            self.handlers.wake_at_busy = -1 if self._quiet else capacity - threshold - held_back
             if request is None and self.runs.busy() <= self.handlers.wake_at_busy:
                 continue  # runs finished since the room was counted
             # Nothing due: sleep until the next poll or scheduled job. Otherwise all
@@ -171,21 +172,22 @@ class Claimer:
 
     # ------------------------------------------------------------ claiming
 
-    @staticmethod
-    def _nothing_more_due(request: ClaimRequest, claimed: list[ClaimedJob]) -> bool:
-        """The claim came back short with no capped or rate-limited kind in it: it took
-        every job that was due (a capped kind may hold back others' jobs)."""
-        return len(claimed) < request.limit and not (request.limits or request.rates)
+    def _after_claim(self, request: ClaimRequest, claimed: list[ClaimedJob]) -> bool:
+        """Note whether the claim drained what was due; return whether to claim again
+        before waiting: the claim came back full (more may be due), or short with a
+        capped or rate-limited kind in it, which may have taken the places of other
+        kinds' jobs. Short otherwise: nothing more is due now."""
+        full = len(claimed) >= request.limit
+        self._drained = not full and not request.limited
+        return bool(claimed) and (full or request.limited)
 
-    @staticmethod
-    def _claim_again(request: ClaimRequest | None, claimed: list[ClaimedJob]) -> bool:
-        """Whether to claim again before waiting: the claim came back full (more may be
-        due), or short with a capped or rate-limited kind in it, which may have taken the
-        places of other kinds' jobs. Short otherwise: nothing more is due now."""
-        assert request is not None
-        if not claimed:
-            return False
-        return len(claimed) >= request.limit or bool(request.limits or request.rates)
+    def claim_after(self, written: Sequence[Verdict]) -> bool:
+        """Whether these verdicts, just written, call for a claim: always, unless the loop
+        is quiet and none of them made a job claimable (a requeue, or the verdict of a
+        keyed job, whose follow-up may have waited for it)."""
+        return not self._quiet or any(
+            verdict.state == State.READY or verdict.job.keyed for verdict in written
+        )
 
     def _claim(self, request: ClaimRequest) -> list[ClaimedJob] | None:
         def claim_and_dispatch() -> list[ClaimedJob]:

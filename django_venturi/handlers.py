@@ -227,8 +227,8 @@ class Handlers:
     def _started(self, execution: Execution) -> None:
         execution.mark_started()
         job = execution.job
-        if not signals.job_started.receivers:
-            return  # no signal to send: spare building its arguments on every run
+        if not self.events.listened(signals.job_started):
+            return
         self.events.send(
             signals.job_started,
             job_id=job.id,

@@ -4,9 +4,9 @@ Django closes a broken or obsolete connection at the start and end of each
 request (`close_old_connections`). A worker's threads have no requests: the
 handler threads keep theirs from job to job (`JobConnections`), the main thread
 closes its own after a failure, and this module does the same for the threads
-of `sync_to_async`, where the
-ORM calls of `async def` handlers run. Without it, a connection broken by a
-database restart would stay broken in such a thread, failing every run there.
+of `sync_to_async`, where the ORM calls of `async def` handlers run. Without it,
+a connection broken by a database restart would stay broken in such a thread,
+failing every run there.
 """
 
 from __future__ import annotations

@@ -251,8 +251,7 @@ class ResultsWriter(Service):
             for verdict in written:
                 if verdict.outcome != JournalOutcome.RELEASED:  # `Handlers.release` logs those
                     self.events.verdict(verdict)
-        # No receivers: no arguments built per verdict (the usual case).
-        for verdict in written if signals.job_finished.receivers else ():
+        for verdict in written if self.events.listened(signals.job_finished) else ():
             was_applied = (verdict.job.id, verdict.job.attempt) in applied
             self.events.send(
                 signals.job_finished,

@@ -36,10 +36,16 @@ class RunEvents:
             "outcome": str(outcome),
         }
 
+    def listened(self, signal: Signal) -> bool:
+        """Whether anything receives `signal` from this worker: callers on the per-run
+        path ask first and build no arguments for nothing."""
+        # `has_listeners` alone takes a lock and walks the receivers on every call.
+        return bool(signal.receivers) and signal.has_listeners(self.sender)
+
     def send(self, signal: Signal, **arguments: Any) -> None:
         """Send a signal; a failing receiver is logged, never allowed to stop the worker."""
-        if not signal.receivers or not signal.has_listeners(self.sender):
-            return  # `has_listeners` alone takes a lock and walks the receivers
+        if not self.listened(signal):
+            return
         for receiver, result in signal.send_robust(self.sender, **arguments):
             if isinstance(result, Exception):
                 logger.error(

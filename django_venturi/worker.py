@@ -50,7 +50,7 @@ from django_venturi.registry import registry
 from django_venturi.results import ResultsWriter
 from django_venturi.run_events import RunEvents
 from django_venturi.runs import Runs
-from django_venturi.states import JournalOutcome, State
+from django_venturi.states import JournalOutcome
 from django_venturi.supervision import DatabaseHealth, Service
 from django_venturi.sweeper import Sweeper
 from django_venturi.timeouts import Watchdog
@@ -329,11 +329,8 @@ class Worker:
             self._wake.set()
 
     def _written(self, verdicts: Sequence[Verdict]) -> None:
-        """Verdicts were written: wake the claim loop, unless it is quiet and none of them
-        made a job claimable (a requeue, or a keyed job whose follow-up may wait)."""
-        if not self.claimer.quiet or any(
-            verdict.state == State.READY or verdict.job.keyed for verdict in verdicts
-        ):
+        """Verdicts were written: wake the claim loop if they call for a claim."""
+        if self.claimer.claim_after(verdicts):
             self._wake_claimer()
 
     def _listening(self) -> bool:
