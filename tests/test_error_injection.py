@@ -338,6 +338,9 @@ class Case:
 
     def env(self, *, injected: bool) -> dict[str, str]:
         env = worker_settings(self.scenario, self.runs)
+        # A worker that does not exit after SIGTERM gets SIGABRT before it is killed:
+        # with the fault handler on, every thread's stack goes to its log.
+        env["PYTHONFAULTHANDLER"] = "1"
         if injected and self.error == "statement_timeout":
             env["DATABASE_URL"] = statement_timeout_url(postgres_url())
         return env
@@ -418,8 +421,12 @@ class Case:
             try:
                 phase.rc = process.wait(timeout=STOP_DEADLINE)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+                process.send_signal(signal.SIGABRT)  # the threads' stacks, to the log
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
         phase.running_after = running()
         log = self.workers.log(index)
         phase.uncaught = [line for line in log.splitlines() if line.startswith(UNCAUGHT)]
