@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -30,7 +31,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import FrameType
-from typing import Any
 
 from django.db import connections
 
@@ -233,7 +233,8 @@ class Worker:
     def stop(self, *, force: bool = False) -> None:
         """Ask the worker to stop: finish running jobs, then release what is left.
 
-        Safe to call from any thread or a signal handler. A second call (or
+        Safe to call from any thread (not from a signal handler: see
+        `install_signal_handlers`). A second call (or
         `force=True`) skips the wait for running handlers.
         """
         if self._stop.is_set() or force:
@@ -242,27 +243,45 @@ class Worker:
         self._wake.set()
 
     def install_signal_handlers(self) -> Callable[[], None]:
-        """Make SIGTERM and SIGINT call `stop()`; return a function restoring the old handlers."""
+        """Make SIGTERM and SIGINT call `stop()`; return a function restoring the old handlers.
+
+        A Python signal handler runs in the main thread between two of its
+        bytecodes, possibly while that thread holds a lock: the claim loop, which
+        runs there, clears and waits on the worker's events, and each of them
+        takes its condition's lock. A handler that set an event there would wait
+        for itself forever (a worker that said "stopping" and never stopped). So
+        the handler only puts the signal on a `SimpleQueue`, whose `put` is safe to
+        re-enter, and a thread of its own logs it and stops the worker.
+        """
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous: dict[int, Any] = {}
+        received: queue.SimpleQueue[int | None] = queue.SimpleQueue()
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            logger.info(
-                "worker %s got %s: %s",
-                self.name,
-                signal.Signals(signum).name,
-                "forcing" if self._stop.is_set() else "stopping",
-                extra={"worker": self.name},
-            )
-            self.stop()
+            received.put(signum)
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, on_signal)
+        def relay() -> None:
+            while (signum := received.get()) is not None:
+                logger.info(
+                    "worker %s got %s: %s",
+                    self.name,
+                    signal.Signals(signum).name,
+                    "forcing" if self._stop.is_set() else "stopping",
+                    extra={"worker": self.name},
+                )
+                self.stop()
+
+        relay_thread = threading.Thread(target=relay, name="venturi-signals", daemon=True)
+        relay_thread.start()
+        previous = {
+            signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)
+        }
 
         def restore() -> None:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            received.put(None)
+            relay_thread.join()
 
         return restore
 

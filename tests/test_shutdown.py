@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import django_venturi as venturi
 from django_venturi.models import Job
 from django_venturi.worker import Worker
-from tests.conftest import Workers, wait_until
+from tests.conftest import ROOT, Workers, wait_until, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -154,3 +155,42 @@ def test_the_stopped_line_counts_runs_not_jobs(
     with caplog.at_level(logging.INFO, logger="django_venturi.worker"):
         Worker(burst=True, database=alias, poll_interval=0.05).run()
     assert "stopped after 3 runs" in caplog.text  # one job, two retries and a completion
+
+
+SIGNAL_WHILE_THE_LOOP_HOLDS_ITS_EVENT = """
+import os, signal, sys, time
+import django
+django.setup()
+from django_venturi.worker import Worker
+
+worker = Worker(concurrency=1)
+restore = worker.install_signal_handlers()
+# The claim loop (the main thread) clears and waits on the wake event; each takes
+# the event's lock. SIGTERM arrives while it holds it: the handler runs right here.
+with worker._wake._cond:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+stopped = worker._stop.wait(10)
+restore()
+print("stopped" if stopped else "not stopped")
+"""
+
+
+def test_sigterm_while_the_claim_loop_holds_its_wake_event_still_stops_the_worker() -> None:
+    """The hang seen once: the log ended at "got SIGTERM: stopping" and the worker
+    never exited. The handler had set an event whose lock the interrupted main
+    thread held."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", SIGNAL_WHILE_THE_LOOP_HOLDS_ITS_EVENT],
+            env=worker_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the signal handler waited for a lock its own thread held")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "stopped", result.stderr
+    assert "got SIGTERM: stopping" in result.stderr
