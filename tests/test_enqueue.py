@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
+from django.db.models import signals
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -215,3 +216,39 @@ def test_a_changed_venturi_setting_is_read_again(alias: str) -> None:
     with override_settings(VENTURI={"DEFAULT_QUEUE": "elsewhere"}):
         assert Noop(n=2).enqueue(using=alias).queue == "elsewhere"
     assert Noop(n=3).enqueue(using=alias).queue == "default"
+
+
+def _fields(job: Job) -> dict[str, object]:
+    return {field.attname: getattr(job, field.attname) for field in Job._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("listened", [False, True], ids=["built", "post_init heard"])
+def test_returned_jobs_are_the_rows_as_the_orm_would_load_them(alias: str, listened: bool) -> None:
+    """Unless someone listens to `post_init` for `Job`, returned jobs are assembled
+    without `Model.__init__`: they must hold every field as a load would, be
+    known as saved rows of `alias`, and save like loaded ones."""
+    heard: list[Job] = []
+
+    def on_init(sender: type[Job], instance: Job, **kwargs: object) -> None:
+        heard.append(instance)
+
+    if listened:
+        signals.post_init.connect(on_init, sender=Job)
+    try:
+        jobs = venturi.enqueue_many(
+            [Noop(n=1), Noop(n=2), Noop(n=4)],
+            using=alias,
+            delay=timedelta(seconds=5),
+        )
+        (single,) = venturi.enqueue_many([Noop(n=3)], using=alias)
+    finally:
+        signals.post_init.disconnect(on_init, sender=Job)
+    assert heard == ([*jobs, single] if listened else [])
+    for job in [*jobs, single]:
+        assert not job._state.adding and job._state.db == alias
+        assert not job.get_deferred_fields()  # else reading a field would load it
+        assert _fields(job) == _fields(Job.objects.using(alias).get(pk=job.pk))
+    jobs[0].last_error = "edited"
+    jobs[0].save(update_fields=["last_error"])
+    assert Job.objects.using(alias).get(pk=jobs[0].pk).last_error == "edited"
+    assert Job.objects.using(alias).count() == 4
