@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from datetime import timedelta
 
@@ -63,12 +65,22 @@ class RatedPerSecond(venturi.Task):
 @venturi.task(kind="tests.rated_fifty", rate_limit=venturi.RateLimit(50, per=timedelta(seconds=1)))
 @dataclasses.dataclass
 class RatedFifty(venturi.Task):
-    """The issue's own check: 1,000 jobs at 50 a second on eight workers (thorough)."""
+    """The issue's own check: 1,000 jobs at 50 a second on eight workers (thorough).
+
+    Its start goes to the file VENTURI_TEST_STAMPS names, one JSON line each, not
+    to the database: 64 handler threads each holding a connection, beside the
+    workers' own 32 and the test's, passed the server's 100 (`max_connections`),
+    and the refused handlers' failed starts took places in the limit."""
 
     n: int = 0
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        stamp(ctx, "rated_fifty", n=self.n)
+        line = json.dumps({"n": self.n, "start": time.time()}) + "\n"
+        fd = os.open(os.environ["VENTURI_TEST_STAMPS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, line.encode())  # one write: lines of several processes never mix
+        finally:
+            os.close(fd)
         return venturi.Outcome.completed()
 
 
