@@ -28,6 +28,7 @@ from django_venturi.claim import (
 from django_venturi.conf import venturi_settings
 from django_venturi.execution import Execution
 from django_venturi.handlers import Handlers
+from django_venturi.listener import wake_workers
 from django_venturi.pause_watch import PauseWatch
 from django_venturi.periodic import Scheduler
 from django_venturi.rate_limits import RateRule
@@ -37,6 +38,7 @@ from django_venturi.scheduling import TierClock
 from django_venturi.states import State
 from django_venturi.supervision import DatabaseHealth, Streak
 from django_venturi.verdicts import Verdict
+from django_venturi.wake_order import Call, WakeOrder
 
 T = TypeVar("T")
 
@@ -76,6 +78,7 @@ class Claimer:
         service_died: Callable[[], bool],
         pause_watch: PauseWatch,
         listening: Callable[[], bool],
+        wake_order: WakeOrder | None = None,
     ) -> None:
         self.worker = worker
         self.alias = alias
@@ -97,6 +100,7 @@ class Claimer:
         self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
         self._streak = Streak()
         self._listening = listening
+        self.wake_order = wake_order
         self._drained = False
         """The last claim came back short with no capped or rate-limited kind in it: it
         took every job that was due."""
@@ -118,6 +122,7 @@ class Claimer:
         next_periodic = 0.0 if scheduler is not None else float("inf")
         while not self._stop.is_set() and not self._service_died():
             self._wake.clear()
+            calls = self.wake_order.take() if self.wake_order is not None else []
             if time.monotonic() >= next_rescue:
                 self._guarded(
                     lambda: leases.recover_expired(self.alias, self.worker),
@@ -138,6 +143,8 @@ class Claimer:
             threshold = max(self.handlers.concurrency, capacity // 2)
             request = self._request(free) if free >= threshold else None
             claimed = None if request is None else self._claim(request)
+            if calls and (request is None or claimed is None or len(claimed) >= request.limit):
+                self._hand_on(calls)  # no room, or more may be due than this claim took
             if request is not None and claimed is not None and self._after_claim(request, claimed):
                 continue
             if self.burst and not claimed and self.runs.idle():
@@ -154,7 +161,9 @@ class Claimer:
             # slots are busy, and a finishing job wakes the loop.
             wait = self._idle_wait() if claimed == [] else self.poll_interval
             # Never sleep past the next recovery sweep, scheduler pass or pause look.
-            next_chore = min(next_rescue, next_periodic, self.pause_watch.next_look)
+            next_chore = min(
+                next_rescue, next_periodic, self.pause_watch.next_look, self._next_hand_on()
+            )
             self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
 
     def _recover_stranded(self) -> None:
@@ -169,6 +178,29 @@ class Claimer:
                 ", ".join(f"#{job_id}" for job_id in recovered),
                 extra={"jobs": recovered},
             )
+
+    # ------------------------------------------------------------ wake-up calls
+
+    def hand_on_calls(self) -> None:
+        """Hand every call this worker got on to the next workers (it is stopping)."""
+        if self.wake_order is not None:
+            calls = self.wake_order.take()
+            if calls:
+                self._hand_on(calls)
+
+    def _hand_on(self, calls: Sequence[Call]) -> None:
+        """Wake the next workers of the group for calls this worker did not answer."""
+        assert self.wake_order is not None
+        payloads = self.wake_order.hand_on(calls)
+        if payloads:
+            self.health.guarded(
+                lambda: wake_workers(self.alias, payloads), what="calling the next workers"
+            )
+
+    def _next_hand_on(self) -> float:
+        """When a deferred call is to be handed on (`time.monotonic()`), or infinity."""
+        due = None if self.wake_order is None else self.wake_order.next_deferred()
+        return float("inf") if due is None else due
 
     # ------------------------------------------------------------ claiming
 

@@ -54,6 +54,7 @@ class Heartbeat(Service):
         processed: Callable[[], int],
         on_cancel: Callable[[Execution, str], None],
         orphan_watch: OrphanWatch | None = None,
+        see_peers: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.alias = alias
@@ -65,6 +66,7 @@ class Heartbeat(Service):
         self._processed = processed
         self._on_cancel = on_cancel
         self._orphan_watch = orphan_watch
+        self._see_peers = see_peers
         self._done = threading.Event()
         self._streak = Streak()
         self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * interval
@@ -104,6 +106,8 @@ class Heartbeat(Service):
             self.alias, name=self.worker, running=len(held), processed=self._processed()
         ):
             self._register()
+        if self._see_peers is not None:
+            self._see_peers()
         if time.monotonic() >= self._next_audit:
             self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * self.interval
             # Held as of this beat's start: a run claimed since has a fresh lease.

@@ -30,6 +30,7 @@ def wake_workers(alias: str, queues: Iterable[str]) -> None:
     """Notify the wake-up channel once per queue (PostgreSQL; elsewhere workers poll).
 
     Delivered when the caller's transaction commits, like an enqueue's notification.
+    A queue may carry the first rank to call (`wake_order.Call.handed_on`).
     """
     connection = connections[alias]
     if connection.vendor != "postgresql":

@@ -19,6 +19,7 @@ from django.db.models import Q
 
 from django_venturi.clock import now_expression
 from django_venturi.conf import venturi_settings
+from django_venturi.wake_order import Peer
 
 STALE_HEARTBEATS = 3
 """A worker whose heartbeat is older than this many heartbeat intervals is stale."""
@@ -95,6 +96,18 @@ def stopped(alias: str, *, name: str, processed: int) -> None:
     WorkerProcess.objects.using(alias).filter(name=name).update(
         stopped_at=now, heartbeat_at=now, running=0, processed=processed
     )
+
+
+def live_peers(alias: str) -> list[Peer]:
+    """The workers that run and beat (this one too): the members of wake-up groups."""
+    from django_venturi.models import WorkerProcess
+
+    rows = (
+        WorkerProcess.objects.using(alias)
+        .filter(stopped_at__isnull=True, heartbeat_at__gte=now_expression(alias) - stale_after())
+        .values_list("name", "queues", "kinds")
+    )
+    return [Peer(name, queues, kinds) for name, queues, kinds in rows]
 
 
 def prune(alias: str, *, older_than: timedelta) -> int:

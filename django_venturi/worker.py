@@ -55,6 +55,7 @@ from django_venturi.supervision import DatabaseHealth, Service
 from django_venturi.sweeper import Sweeper
 from django_venturi.timeouts import Watchdog
 from django_venturi.verdicts import Verdict
+from django_venturi.wake_order import WakeOrder
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -151,8 +152,12 @@ class Worker:
             orphan_watch=orphan_kinds.OrphanWatch(
                 alias=self.database, worker=self.name, queues=self.queues
             ),
+            see_peers=self._see_peers,
         )
         listening = connections[self.database].vendor == "postgresql"
+        self.wake_order = (
+            WakeOrder(worker=self.name, queues=self.queues, kinds=self.kinds) if listening else None
+        )
         self.pause_watch = PauseWatch(
             alias=self.database,
             runs=self.runs,
@@ -177,6 +182,7 @@ class Worker:
             service_died=self._service_died,
             pause_watch=self.pause_watch,
             listening=self._listening,
+            wake_order=self.wake_order,
         )
         self._services: list[Service] = [self.results, self.heartbeat]
         self._listener: Listener | None = None
@@ -307,7 +313,7 @@ class Worker:
             self._listener = Listener(
                 alias=listen_alias,
                 channels={
-                    venturi_settings.NOTIFY_CHANNEL: lambda payload: self._wake.set(),
+                    venturi_settings.NOTIFY_CHANNEL: self._on_jobs_notify,
                     cancel_channel(): self._on_cancel_notify,
                     pause_channel(): self._on_pause_notify,
                 },
@@ -352,6 +358,16 @@ class Worker:
         if self.claimer.claim_after(verdicts):
             self._wake_claimer()
 
+    def _on_jobs_notify(self, payload: str | None) -> None:
+        """New jobs (or a reconnect): wake the claim loop if this worker is called."""
+        if self.wake_order is None or self.wake_order.answers(payload):
+            self._wake_claimer()
+
+    def _see_peers(self) -> None:
+        """Read the live workers: who comes first in this worker's wake-up group."""
+        if self.wake_order is not None:
+            self.wake_order.see(registration.live_peers(self.database))
+
     def _listening(self) -> bool:
         """Whether new jobs wake this worker (its listener is connected)."""
         return self._listener is not None and self._listener.connected.is_set()
@@ -365,6 +381,7 @@ class Worker:
             heartbeat_interval=timedelta(seconds=self.heartbeat_interval),
             kinds=self.kinds,
         )
+        self._see_peers()
 
     def _on_database_error(self) -> None:
         self.handlers.async_connections_checked = False
@@ -373,6 +390,7 @@ class Worker:
 
     def _shut_down(self) -> None:
         self._stop.set()
+        self.claimer.hand_on_calls()  # this worker claims no more: the next ones may
         self.handlers.release(self.runs.take_queued(), reason="")
         deadline = time.monotonic() + self.shutdown_timeout
         while (
@@ -381,6 +399,7 @@ class Worker:
             and not self._force.is_set()
             and not self.results.died()
         ):
+            self.claimer.hand_on_calls()
             time.sleep(0.02)
         still_running = self.runs.take_executing()
         self.handlers.release(still_running, reason="still running at shutdown")

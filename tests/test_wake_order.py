@@ -1,0 +1,242 @@
+"""Waking idle workers: a notification calls two workers of a group, not all of them.
+
+The order itself is checked on `WakeOrder` alone; what it buys (claims per
+enqueue) and what it must not cost (a job waiting while a worker is free) with
+real worker processes on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import connections
+
+import django_venturi as venturi
+from django_venturi.models import Job, WorkerProcess
+from django_venturi.wake_order import HAND_ON_INTERVAL, Call, Peer, WakeOrder
+from tests.conftest import Workers, wait_until
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+KINDS = ["a.kind", "b.kind"]
+
+
+def order(name: str, names: list[str], queues: list[str] | None = None) -> WakeOrder:
+    wake_order = WakeOrder(worker=name, queues=queues, kinds=KINDS)
+    wake_order.see([Peer(each, queues, KINDS) for each in names])
+    return wake_order
+
+
+# ---------------------------------------------------------------- the order
+
+
+def test_a_notification_calls_the_first_two_workers_of_the_group() -> None:
+    names = ["w3", "w1", "w4", "w2"]
+    called = [name for name in names if order(name, names).answers("default")]
+    assert sorted(called) == ["w1", "w2"]
+
+
+def test_a_handed_on_call_reaches_the_next_two() -> None:
+    names = ["w1", "w2", "w3", "w4", "w5"]
+    assert [name for name in names if order(name, names).answers("default 2")] == ["w3", "w4"]
+    assert [name for name in names if order(name, names).answers("default 4")] == ["w5"]
+
+
+def test_workers_unlike_each_other_are_called_in_groups_of_their_own() -> None:
+    peers = [
+        Peer("a1", None, KINDS),
+        Peer("a2", None, KINDS),
+        Peer("a3", None, KINDS),
+        Peer("e1", ["emails"], KINDS),
+        Peer("k1", None, ["a.kind"]),
+        Peer("k2", None, ["a.kind"]),
+        Peer("k3", None, ["a.kind"]),
+    ]
+    called = []
+    for peer in peers:
+        wake_order = WakeOrder(worker=peer.name, queues=peer.queues, kinds=peer.kinds)
+        wake_order.see(peers)
+        if wake_order.answers("emails"):
+            called.append(peer.name)
+    # The workers serving every queue: two of each kind set. The emails worker: itself.
+    assert called == ["a1", "a2", "e1", "k1", "k2"]
+
+
+def test_a_worker_ignores_queues_it_does_not_serve() -> None:
+    wake_order = order("w1", ["w1"], queues=["emails"])
+    assert not wake_order.answers("default")
+    assert wake_order.answers("emails")
+
+
+def test_a_worker_not_in_its_own_view_answers_every_call() -> None:
+    wake_order = WakeOrder(worker="new", queues=None, kinds=KINDS)
+    assert wake_order.answers("default 6")
+    wake_order.see([Peer("w1", None, KINDS), Peer("w2", None, KINDS)])
+    assert wake_order.answers("default 6")
+
+
+def test_a_notification_without_a_queue_or_a_reconnect_wakes_every_worker() -> None:
+    names = ["w1", "w2", "w3"]
+    assert order("w3", names).answers(None)
+    assert order("w3", names).answers("")
+
+
+def test_a_call_is_handed_on_to_the_next_workers_until_every_one_was_called() -> None:
+    names = ["w1", "w2", "w3", "w4", "w5"]
+    first = order("w1", names)
+    assert first.answers("default")
+    (call,) = first.take()
+    assert call == Call("default", 0)
+    assert first.take() == []
+    assert first.hand_on([call]) == ["default 2"]
+    last = order("w5", names)
+    assert last.answers("default 4")
+    assert last.hand_on(last.take()) == []  # no one after the last
+
+
+def test_the_same_call_is_handed_on_at_most_once_per_interval_and_then_again() -> None:
+    wake_order = order("w1", ["w1", "w2", "w3"])
+    call = Call("default", 0)
+    assert wake_order.hand_on([call]) == ["default 2"]
+    assert wake_order.hand_on([call]) == []
+    due = wake_order.next_deferred()
+    assert due is not None and due > time.monotonic()
+    assert wake_order.take() == []
+    time.sleep(HAND_ON_INTERVAL + 0.01)
+    assert wake_order.take() == [call]
+    assert wake_order.next_deferred() is None
+    assert wake_order.hand_on([call]) == ["default 2"]
+
+
+# ---------------------------------------------------------------- real workers
+
+# Counts claim statements (see benchmarks/scale.py, which validates the match).
+CLAIM_COUNTER = """
+CREATE SEQUENCE venturi_test_claims;
+CREATE FUNCTION venturi_test_count_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_query() LIKE '%SET state = ''running''%'
+       AND current_query() LIKE '%FOR UPDATE SKIP LOCKED%' THEN
+        PERFORM nextval('venturi_test_claims');
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER venturi_test_count_claim AFTER UPDATE ON django_venturi_job
+    FOR EACH STATEMENT EXECUTE FUNCTION venturi_test_count_claim();
+"""
+CLAIM_COUNTER_DROP = """
+DROP TRIGGER IF EXISTS venturi_test_count_claim ON django_venturi_job;
+DROP FUNCTION IF EXISTS venturi_test_count_claim();
+DROP SEQUENCE IF EXISTS venturi_test_claims;
+"""
+CLAIMS = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM venturi_test_claims"
+
+
+@pytest.fixture
+def claim_counter() -> Iterator[None]:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(CLAIM_COUNTER_DROP)
+        cursor.execute(CLAIM_COUNTER)
+    try:
+        yield
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(CLAIM_COUNTER_DROP)
+
+
+def claims() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(CLAIMS)
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def start_idle_workers(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch, count: int, *args: str
+) -> None:
+    """Start `count` workers that poll once a minute (their loop claims whenever it
+    wakes: for the lease sweep and the periodic scheduler too); wait until each one
+    knows the others.
+
+    Without the test modules' capped and rate-limited kinds: a claim that may have
+    left jobs behind for a cap is not taken to have drained what is due, and its
+    worker claims again (see `Claimer._after_claim`)."""
+    settings = {"RESCUE_INTERVAL": 60, "PERIODIC_INTERVAL": 60, "TASK_MODULES": []}
+    monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps(settings))
+    for _ in range(count):
+        workers.start("default", "--poll-interval", "60", *args)
+    wait_until(
+        lambda: WorkerProcess.objects.filter(stopped_at__isnull=True).count() == count,
+        message=f"{count} workers to register",
+    )
+    # Each reads the registry at its heartbeat (a third of the shortest test lease).
+    time.sleep(2)
+
+
+def ran(job: Job) -> Record | None:
+    return Record.objects.filter(job_id=job.pk).first()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_four_idle_workers_an_enqueue_costs_at_most_two_claims(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch, claim_counter: None
+) -> None:
+    start_idle_workers(workers, monkeypatch, 4)
+    before = claims()
+    jobs = []
+    for n in range(5):
+        jobs.append(tasks.Noop(n=n).enqueue())
+        wait_until(lambda: ran(jobs[-1]), message="the job to run")
+        time.sleep(0.3)  # each called worker's empty claim has come back
+    spent = claims() - before
+    # Every worker used to claim at every notification: 20 claims.
+    assert 5 <= spent <= 10, f"{spent} claims for 5 enqueues with 4 idle workers"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_runs_at_once_on_a_free_worker_when_the_called_ones_are_full(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first two hold as many jobs as they can: they hand the call on."""
+    start_idle_workers(workers, monkeypatch, 3, "--concurrency", "1")
+    ranked = sorted(WorkerProcess.objects.values_list("name", "pid"))
+    first_two = {pid for _, pid in ranked[:2]}
+    (_, third) = ranked[2]
+    # Each of the first two claims two (one running, one buffered): both are full.
+    blockers = venturi.enqueue_many([tasks.Sleeper(seconds=60) for _ in range(4)])
+    wait_until(
+        lambda: Job.objects.filter(state="running").count() == 4, message="four jobs claimed"
+    )
+    holders = set(
+        Job.objects.filter(pk__in=[job.pk for job in blockers]).values_list("claimed_by", flat=True)
+    )
+    assert holders == {name for name, _ in ranked[:2]}, "the first two workers took the four"
+    began = time.monotonic()
+    enqueued = tasks.Sleeper(seconds=0).enqueue()
+    record = wait_until(lambda: ran(enqueued), timeout=20, message="the new job to run")
+    # Not after a minute's poll, nor after a blocker's minute.
+    assert time.monotonic() - began < 5
+    assert record.value == third and third not in first_two
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_runs_at_once_when_the_first_worker_was_killed_a_moment_ago(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed with -9, it stays listed as live until its heartbeat is old: the
+    second worker called answers alone."""
+    start_idle_workers(workers, monkeypatch, 3)
+    ranked = sorted(WorkerProcess.objects.values_list("name", "pid"))
+    (_, first), (_, second) = ranked[:2]
+    (killed,) = [p for p in workers.processes if p.pid == first]
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=10)
+    began = time.monotonic()
+    job = tasks.Sleeper(seconds=0).enqueue()
+    record = wait_until(lambda: ran(job), timeout=20, message="the job to run")
+    assert time.monotonic() - began < 5  # not after a minute's poll
+    assert record.value == second
