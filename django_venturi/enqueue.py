@@ -37,9 +37,10 @@ INSERT_BATCH_SIZE = 5000
 """Rows per INSERT statement in `enqueue_many` (all in the caller's transaction)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewJob:
-    """A validated, encoded job about to be inserted."""
+    """A validated, encoded job about to be inserted (never changed once made: not
+    frozen only because a frozen dataclass's `__init__` cost a quarter of `prepare`)."""
 
     kind: str
     queue: str
@@ -250,7 +251,7 @@ def _insert_one_postgresql(alias: str, job: NewJob) -> Job:
         venturi_settings.NOTIFY_CHANNEL,
     ]
     (row,) = statements.fetch(alias, sql, params)
-    return _loaded(alias, job, id=row[0], run_at=row[1], enqueued_at=row[2])
+    return _loaded(alias, job, row)
 
 
 def _on_job_table(alias: str, template: str) -> str:
@@ -268,10 +269,7 @@ def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
         return [_insert_one_postgresql(alias, new_jobs[0])]
     params = [_rows_document(new_jobs), State.READY.value, venturi_settings.NOTIFY_CHANNEL]
     rows = statements.fetch(alias, _on_job_table(alias, _INSERT_MANY_SQL), params)
-    return [
-        _loaded(alias, job, id=row[0], run_at=row[1], enqueued_at=row[2])
-        for job, row in zip(new_jobs, rows, strict=True)
-    ]
+    return _loaded_many(alias, new_jobs, rows)
 
 
 # The rows come in as one JSON document, `[[kind, queue, priority, payload, run_at,
@@ -383,29 +381,44 @@ def insert_keyed(alias: str, new_job: NewJob) -> Job | None:
     if not rows:
         return None
     row = rows[0]
-    return _loaded(alias, new_job, id=row[0], run_at=row[1], enqueued_at=row[2])
+    return _loaded(alias, new_job, row)
 
 
-def _loaded(alias: str, new_job: NewJob, **values: Any) -> Job:
-    """The `Job` of a row just inserted, built from what we sent and what came back.
+def _loaded(alias: str, new_job: NewJob, row: Sequence[Any]) -> Job:
+    """The `Job` of a row just inserted: see `_loaded_many`."""
+    (job,) = _loaded_many(alias, [new_job], [row])
+    return job
+
+
+def _loaded_many(alias: str, new_jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[Job]:
+    """The `Job`s of rows just inserted, built from what we sent and what came back
+    (each row: id, run_at, enqueued_at).
 
     Django's keyword `__init__` looks up the default of every field not given,
     and even its positional one (`Model.from_db`) sets the 27 fields one by one:
     that made up half of `enqueue_many`. Unless someone listens to `pre_init` or
-    `post_init` for `Job`, the instance is assembled as `from_db` would leave it.
+    `post_init` for `Job`, each instance is assembled as `from_db` would leave it.
     """
-    values.update(
-        kind=new_job.kind,
-        queue=new_job.queue,
-        priority=new_job.priority,
-        state=State.READY,
-        payload=new_job.payload,
-        dedup_key=new_job.dedup_key,
-        merged_count=0,
-    )
-    if signals.pre_init.has_listeners(Job) or signals.post_init.has_listeners(Job):
-        return _initialized(alias, values)
-    return _assembled(alias, values)
+    heard = signals.pre_init.has_listeners(Job) or signals.post_init.has_listeners(Job)
+    build = _initialized if heard else _assembled
+    return [
+        build(
+            alias,
+            {
+                "id": row[0],
+                "run_at": row[1],
+                "enqueued_at": row[2],
+                "kind": new_job.kind,
+                "queue": new_job.queue,
+                "priority": new_job.priority,
+                "state": State.READY,
+                "payload": new_job.payload,
+                "dedup_key": new_job.dedup_key,
+                "merged_count": 0,
+            },
+        )
+        for new_job, row in zip(new_jobs, rows, strict=True)
+    ]
 
 
 def _assembled(alias: str, values: dict[str, Any]) -> Job:
