@@ -143,7 +143,7 @@ class Claimer:
             threshold = max(self.handlers.concurrency, capacity // 2)
             request = self._request(free) if free >= threshold else None
             claimed = None if request is None else self._claim(request)
-            if calls and (request is None or claimed is None or len(claimed) >= request.limit):
+            if calls and (request is None or claimed is None or _full(request, claimed)):
                 self._hand_on(calls)  # no room, or more may be due than this claim took
             if request is not None and claimed is not None and self._after_claim(request, claimed):
                 continue
@@ -209,7 +209,7 @@ class Claimer:
         before waiting: the claim came back full (more may be due), or short with a
         capped or rate-limited kind in it, which may have taken the places of other
         kinds' jobs. Short otherwise: nothing more is due now."""
-        full = len(claimed) >= request.limit
+        full = _full(request, claimed)
         self._drained = not full and not request.limited
         return bool(claimed) and (full or request.limited)
 
@@ -317,3 +317,8 @@ class Claimer:
             self._stop.wait(max(waiting.rate_opening, 0.005))
             return False
         return True
+
+
+def _full(request: ClaimRequest, claimed: Sequence[ClaimedJob]) -> bool:
+    """Whether a claim took as many jobs as it asked for: more may be due."""
+    return len(claimed) >= request.limit

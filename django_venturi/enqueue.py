@@ -427,48 +427,40 @@ def _assembled(alias: str, values: dict[str, Any]) -> Job:
     state = ModelState()
     state.adding = False
     state.db = alias
-    fields = job.__dict__
-    fields["_state"] = state
-    names, _ = _fields_and_defaults()
-    for index, default in _made_per_row():
-        fields[names[index]] = default()
-    fields.update(_fixed_defaults())
-    fields.update(values)
+    job.__dict__["_state"] = state
+    _fill_row(job.__dict__, values)
     return job
 
 
 def _initialized(alias: str, values: dict[str, Any]) -> Job:
     """A loaded `Job` made by `Model.from_db`, which sends `pre_init` and `post_init`."""
-    names, defaults = _fields_and_defaults()
-    positions = _row_layout()
-    row = list(defaults)
-    for index, default in _made_per_row():
-        row[index] = default()
-    for name, value in values.items():
-        row[positions[name]] = value
-    return Job.from_db(alias, names, row)
-
-
-@functools.cache
-def _fixed_defaults() -> dict[str, Any]:
-    """The fields whose default is one value, by name (not made per row)."""
-    names, defaults = _fields_and_defaults()
-    pairs = zip(names, defaults, strict=True)
-    return {name: default for name, default in pairs if not callable(default)}
-
-
-@functools.cache
-def _made_per_row() -> list[tuple[int, Any]]:
-    """The fields whose default is made per row (a callable), by place."""
-    _, defaults = _fields_and_defaults()
-    return [(index, default) for index, default in enumerate(defaults) if callable(default)]
-
-
-@functools.cache
-def _row_layout() -> dict[str, int]:
-    """Each field's place in a row."""
     names, _ = _fields_and_defaults()
-    return {name: index for index, name in enumerate(names)}
+    row = _fill_row({}, values)
+    return Job.from_db(alias, names, [row[name] for name in names])
+
+
+def _fill_row(row: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """Put every field of a new row in `row` by name: `values`, and the default of
+    each other one; return `row`."""
+    fixed, made_per_row = _defaults_by_name()
+    row.update(fixed)
+    for name, make in made_per_row:
+        row[name] = make()
+    row.update(values)
+    return row
+
+
+@functools.cache
+def _defaults_by_name() -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """The defaults that are one value, by field name; and those made per row (callables)."""
+    fixed: dict[str, Any] = {}
+    made_per_row: list[tuple[str, Any]] = []
+    for name, default in zip(*_fields_and_defaults(), strict=True):
+        if callable(default):
+            made_per_row.append((name, default))
+        else:
+            fixed[name] = default
+    return fixed, made_per_row
 
 
 @functools.cache

@@ -69,8 +69,8 @@ class Call:
 class WakeOrder:
     """One worker's place in its group, and the calls it has to answer or hand on.
 
-    `see` runs in the heartbeat thread, `answers` in the listener's, `take` and
-    `hand_on` in the claim loop's.
+    `see` runs in the heartbeat thread, `answers` in the listener's, the rest in
+    the claim loop's (the main thread): only the calls that came cross threads.
     """
 
     def __init__(
@@ -83,8 +83,11 @@ class WakeOrder:
         """(rank, group size), or None while this worker is not in its own view."""
         self._lock = threading.Lock()
         self._calls: set[Call] = set()
+        """Calls from the listener, not yet taken (under `_lock`)."""
         self._deferred: dict[Call, float] = {}
+        """Calls to hand on again, and when (the claim loop's own)."""
         self._handed_at: dict[Call, float] = {}
+        """When each call was last handed on (the claim loop's own)."""
 
     def see(self, peers: Iterable[Peer]) -> None:
         """Take the registry's live workers as the group's members."""
@@ -120,13 +123,12 @@ class WakeOrder:
     def take(self) -> list[Call]:
         """The calls to answer now: those that came, and those deferred until now."""
         now = time.monotonic()
+        due = {call for call, at in self._deferred.items() if at <= now}
+        for call in due:
+            del self._deferred[call]
         with self._lock:
-            due = [call for call, at in self._deferred.items() if at <= now]
-            for call in due:
-                del self._deferred[call]
-            calls = list(self._calls | set(due))
-            self._calls.clear()
-        return calls
+            came, self._calls = self._calls, set()
+        return list(came | due)
 
     def hand_on(self, calls: Iterable[Call]) -> list[str]:
         """The payloads that call the next workers for `calls` this worker could not
@@ -140,8 +142,7 @@ class WakeOrder:
                 continue  # every worker of the group was called
             last = self._handed_at.get(call)
             if last is not None and now - last < HAND_ON_INTERVAL:
-                with self._lock:
-                    self._deferred[call] = last + HAND_ON_INTERVAL
+                self._deferred[call] = last + HAND_ON_INTERVAL
                 continue
             self._handed_at[call] = now
             payloads.append(call.handed_on())
@@ -149,8 +150,7 @@ class WakeOrder:
 
     def next_deferred(self) -> float | None:
         """When the first deferred call is due (`time.monotonic()`), or None."""
-        with self._lock:
-            return min(self._deferred.values(), default=None)
+        return min(self._deferred.values(), default=None)
 
 
 def _profile(
