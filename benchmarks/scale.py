@@ -180,6 +180,8 @@ class ClaimCount:
 class Results:
     w5: dict[tuple[str, str], Measured] = dataclasses.field(default_factory=dict)
     """(cell label, task) -> drain."""
+    w5_alone: float | None = None
+    """The ORM handler's body run in a loop, one thread, no queue: jobs/s."""
     w9: dict[int, Measured] = dataclasses.field(default_factory=dict)
     claims: dict[int, ClaimCount] = dataclasses.field(default_factory=dict)
     payload: dict[str, Measured] = dataclasses.field(default_factory=dict)
@@ -281,6 +283,11 @@ def measured_drain(
 
 
 def run_w5(options: ScaleOptions, results: Results) -> None:
+    with scale_database(options, "w5_alone") as dbname:
+        execute(options, dbname, COUNTER_SEED, [options.counter_rows])
+        alone = produce(options, dbname, "alone", "--task", "orm", "--n", str(options.n))
+        results.w5_alone = alone["n"] / alone["elapsed"]
+        run.log(f"  W5 ORM handler alone: {results.w5_alone:,.0f} jobs/s")
     for cell in options.w5_cells:
         tag = f"{cell.processes}x{cell.concurrency or 'default'}"
         for task in ("sink", "orm"):
@@ -454,6 +461,11 @@ def ratio_of(value: float | None, reference: float | None) -> float | None:
     return value / reference if value is not None and reference else None
 
 
+def alone_share(value: float | None, results: Results) -> str:
+    share = ratio_of(value, results.w5_alone)
+    return "" if share is None else f"{share * 100:.0f} % of the handler alone"
+
+
 def verdict(value: float | None, target: float, *, at_most: bool = False) -> str:
     if value is None:
         return run.MISSING
@@ -463,6 +475,18 @@ def verdict(value: float | None, target: float, *, at_most: bool = False) -> str
 
 def w5_rows(options: ScaleOptions, results: Results) -> list[list[str]]:
     rows = []
+    if results.w5_alone is not None:
+        rows.append(
+            [
+                "W5 ORM handler alone",
+                "1 thread, no queue",
+                "all done",
+                f"{fmt(results.w5_alone)} jobs/s",
+                "",
+                "",
+                "its `handle` called in a loop: one interpreter's ceiling for this handler",
+            ]
+        )
     for cell in options.w5_cells:
         noop = results.w5.get((cell.label(), "sink"))
         orm = results.w5.get((cell.label(), "orm"))
@@ -483,7 +507,7 @@ def w5_rows(options: ScaleOptions, results: Results) -> list[list[str]]:
                     f"{fmt(value)} jobs/s",
                     f"{fmt(None if share is None else share * 100)} % of no-op",
                     target,
-                    note(orm),
+                    "; ".join(filter(None, [alone_share(value, results), note(orm)])),
                 ]
             )
         limit = 2 * (cell.concurrency or 10) * cell.processes
@@ -628,7 +652,7 @@ def build_table(options: ScaleOptions, results: Results) -> tuple[str, list[str]
 def producer_main(argv: list[str]) -> int:
     """`python -m benchmarks.scale produce MODE ...`: Django set up, prints one JSON object."""
     parser = argparse.ArgumentParser(prog="benchmarks.scale produce")
-    parser.add_argument("mode", choices=["bulk", "one", "paced"])
+    parser.add_argument("mode", choices=["bulk", "one", "paced", "alone"])
     parser.add_argument("--task", choices=sorted(TASKS), default="sink")
     parser.add_argument("--n", type=int, default=1)
     parser.add_argument("--i", type=int, default=0)
@@ -643,6 +667,8 @@ def producer_main(argv: list[str]) -> int:
     connection.ensure_connection()
     if args.mode == "bulk":
         result = produce_bulk(args.task, args.n)
+    elif args.mode == "alone":
+        result = run_alone(args.task, args.n)
     elif args.mode == "one":
         make_job("sink")(args.i).enqueue()
         result = {"n": 1}
@@ -675,6 +701,22 @@ def produce_bulk(task: str, n: int) -> dict[str, Any]:
         jobs = venturi.enqueue_many([factory(i) for i in range(n)])
     elapsed = time.perf_counter() - start
     assert len(jobs) == n
+    return {"n": n, "elapsed": elapsed}
+
+
+def run_alone(task: str, n: int) -> dict[str, Any]:
+    """The handlers of n jobs of `task` called in a loop, one thread, no queue at all:
+    what one interpreter does with that handler alone (W5's ceiling)."""
+    import tempfile
+
+    factory = make_job(task)
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["VENTURI_BENCH_SINK"] = os.path.join(scratch, "sink")
+        jobs = [factory(i) for i in range(n)]
+        start = time.perf_counter()
+        for job in jobs:
+            job.handle(None)
+        elapsed = time.perf_counter() - start
     return {"n": n, "elapsed": elapsed}
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connections, transaction
+from django.db import DataError, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import django_venturi as venturi
-from django_venturi import verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi import statements, verdicts
+from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim
 from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
@@ -113,8 +113,8 @@ def test_an_enqueueing_connection_keeps_generic_plans() -> None:
 
 
 def test_a_claim_inside_a_transaction_runs_unprepared_until_its_settings_can_be_set() -> None:
-    # A generic plan of the claim scans the table: it is prepared only on a
-    # connection where `force_custom_plan` could be set, outside a transaction.
+    # Its settings (no JIT; the session's custom plans, under the lean claim's own
+    # generic one) can only be set outside a transaction: until then it runs unnamed.
     Noop(n=1).enqueue()
     with transaction.atomic():
         assert len(claim_noops()) == 1
@@ -137,3 +137,73 @@ def test_a_claimed_payload_reads_the_same_on_both_paths(prepared: bool) -> None:
     assert claimed[string_job.pk].carry == {"at": 3}
     assert claimed[dict_job.pk].payload == {"n": 2}
     assert claimed[dict_job.pk].carry is None
+
+
+def claim_plans() -> tuple[int, int]:
+    """(generic, custom) plans PostgreSQL made for the prepared claim statement."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%SKIP LOCKED%%'"
+        )
+        ((generic, custom),) = cursor.fetchall()
+    return int(generic), int(custom)
+
+
+def test_the_lean_claim_keeps_one_generic_plan_and_the_session_its_custom_plans() -> None:
+    for n in range(8):
+        Noop(n=n).enqueue()
+        assert len(claim_noops()) == 1
+    generic, custom = claim_plans()
+    assert (generic, custom) == (8, 0)
+    assert plan_cache_mode() == "force_custom_plan"  # for the statements planned per call
+
+
+def test_the_claim_of_capped_kinds_is_planned_for_its_values() -> None:
+    request = ClaimRequest(
+        worker="test",
+        limit=10,
+        kinds=["tests.noop"],
+        leases=[timedelta(minutes=5)],
+        queues=None,
+        limits=[KindLimit(kind="tests.noop", global_cap=None, local_room=2)],
+    )
+    for n in range(3):
+        Noop(n=n).enqueue()
+        assert len(claim("default", request, TierClock((6, 3, 1)))) == 1
+    generic, custom = claim_plans()
+    assert (generic, custom) == (0, 3)
+
+
+def test_a_failing_statement_leaves_its_local_settings_behind() -> None:
+    session, local = statements.WORKER_SESSION, (statements.GENERIC_PLAN,)
+    statements.fetch("default", "SELECT 1", [], session=session)
+    with pytest.raises(DataError):
+        statements.fetch("default", "SELECT 1 / %s", [0], session=session, local=local)
+    assert plan_cache_mode() == "force_custom_plan"
+    assert statements.fetch("default", "SELECT 1 / %s", [1], session=session, local=local) == [(1,)]
+    assert plan_cache_mode() == "force_custom_plan"
+
+
+def test_a_local_setting_holds_for_its_statement_only() -> None:
+    session, local = statements.WORKER_SESSION, (statements.GENERIC_PLAN,)
+    statements.fetch("default", "SELECT 1", [], session=session)
+    mode = "SELECT current_setting('plan_cache_mode') WHERE %s"
+    assert statements.fetch("default", mode, [True], session=session, local=local) == [
+        ("force_generic_plan",)
+    ]
+    assert statements.fetch("default", mode, [True], session=session) == [("force_custom_plan",)]
+
+
+@pytest.mark.parametrize(
+    ("line", "kept"),
+    [
+        ("SELECT 1 -- one", "SELECT 1 "),
+        ("-- a whole line", ""),
+        ("WHERE note = '--not a comment' -- a comment", "WHERE note = '--not a comment' "),
+        ("WHERE a = '' AND b = 'it''s' -- end", "WHERE a = '' AND b = 'it''s' "),
+        ("no comment at all", "no comment at all"),
+    ],
+)
+def test_comments_are_dropped_outside_quoted_strings(line: str, kept: str) -> None:
+    assert statements._without_comment(line) == kept
