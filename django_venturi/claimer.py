@@ -22,6 +22,7 @@ from django_venturi.claim import (
     ClaimRequest,
     KindLimit,
     claim,
+    prime_claim_session,
     seconds_until_next_due,
     upcoming,
 )
@@ -268,9 +269,15 @@ class Claimer:
 
     def _idle_wait(self) -> float:
         """Sleep until the next poll, or until a job scheduled sooner than that is due."""
+        request = self._request(1)
         until_due = self.health.guarded(
-            lambda: seconds_until_next_due(self.alias, self._request(1)),
+            lambda: seconds_until_next_due(self.alias, request),
             what="looking for the next due job",
+        )
+        # That look is planned for its values; the lean claim's session comes back
+        # now, while idle, not in the round trips of the next wake-up's claim.
+        self.health.guarded(
+            lambda: prime_claim_session(self.alias, request), what="setting up the claim"
         )
         if until_due is None:
             return self.poll_interval

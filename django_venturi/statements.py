@@ -7,8 +7,9 @@ statements on the hot path (claim, verdict write, enqueue) go through `fetch()`
 instead. It runs them on a plain psycopg cursor over Django's own connection
 (so the same transaction, the same error wrapping into `django.db` errors, and
 the query log when it is on), with `prepare=True`: PostgreSQL parses each one
-once per connection and plans it for each call's values (see
-`_ready_to_prepare`). Values travel apart from the text and results come in
+once per connection (see `_ready_to_prepare`) and plans it for each call's
+values, or once for all (the lean claim), as the `plan_cache_mode` of its
+session settings says. Values travel apart from the text and results come in
 binary, both handled by psycopg in C.
 
 Django leaves psycopg's automatic preparing off (`prepare_threshold=None`), to
@@ -52,21 +53,28 @@ NO_JIT: Setting = ("jit", "off")
 and compiling it took 80 ms of a 110 ms claim."""
 
 CUSTOM_PLANS: Setting = ("plan_cache_mode", "force_custom_plan")
-"""For the claim and the verdict write: PostgreSQL plans a prepared statement for
-its parameters five times, then may switch to one generic plan, which for these
-is a scan of the whole table (hundreds of ms beside a large backlog). With this
+"""For the verdict write, the claim of capped or rate-limited kinds and the sweeps:
+PostgreSQL plans a prepared statement for its parameters five times, then may
+switch to one generic plan, which for these could be a scan of the whole table
+(hundreds of ms beside a large backlog, measured on an earlier claim). With this
 setting each call is planned for its own values. An enqueue, whose plan is the
 same for any values, keeps the generic plan on a connection that only enqueues
 (a web process): planning it on every call cost 15 % of a single enqueue."""
 
 WORKER_SESSION = (NO_JIT, CUSTOM_PLANS)
-"""The settings of the connections that claim and write verdicts, the worker's own."""
+"""The settings of the worker's statements but the lean claim."""
 
 GENERIC_PLAN: Setting = ("plan_cache_mode", "force_generic_plan")
-"""For one statement whose shape, not its values, decides its plan (the claim of
+"""For a statement whose shape, not its values, decides its plan (the claim of
 kinds without caps or rate limits): planned once per connection instead of on
 every call. Planning that claim for its values took 0.6 ms of the 1.2 ms a claim
 of one job costs, and the claim is most of a wake-up's latency."""
+
+CLAIM_SESSION = (NO_JIT, GENERIC_PLAN)
+"""The settings of the lean claim. Its connection runs little else: the worker's
+verdicts go on another, so the session stays in this mode between wake-ups, and
+a statement that wants custom plans there (a sweep every few seconds) switches it
+for a round trip each way."""
 
 
 @dataclasses.dataclass
@@ -75,8 +83,8 @@ class _Link:
 
     pooled: bool | None = None
     """Whether a pooler stands between; None until a statement needs to know."""
-    applied: set[Setting] = dataclasses.field(default_factory=set)
-    """The settings run on the session so far (never behind a pooler)."""
+    applied: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The value of each setting run on the session so far (never behind a pooler)."""
     used: bool = False
     """Whether a statement ran on it while `pooled` was still unknown."""
 
@@ -85,25 +93,16 @@ _links: weakref.WeakKeyDictionary[Any, _Link] = weakref.WeakKeyDictionary()
 
 
 def fetch(
-    alias: str,
-    sql: str,
-    params: Params,
-    *,
-    session: Sequence[Setting] = (),
-    local: Sequence[Setting] = (),
+    alias: str, sql: str, params: Params, *, session: Sequence[Setting] = ()
 ) -> list[tuple[Any, ...]]:
     """Run one statement on `alias` and return its rows (none for a statement without).
 
-    `session`: settings to run once on the connection first, when it is outside
-    a transaction (a SET inside one would roll back with it). Until they have
-    run, the statement is not prepared: an unnamed statement is planned for its
+    `session`: settings to run on the connection first, when it is outside a
+    transaction (a SET inside one would roll back with it), unless they already
+    hold there (a setting another statement changed is run again). Until they
+    have, the statement is not prepared: an unnamed statement is planned for its
     values on every call, whatever the session's `plan_cache_mode`. Behind a
     pooler they hold for this statement's transaction only, every time.
-
-    `local`: settings for this statement alone, over `session`'s. Outside a
-    transaction they go with it in one pipeline (one round trip) and end with
-    its implicit transaction, even when it fails; inside a caller's transaction,
-    or on an unprepared path, they are left out.
     """
     connection = connections[alias]
     if (
@@ -116,15 +115,11 @@ def fetch(
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []
-    return _fetch_prepared(connection, sql, params, session, local)
+    return _fetch_prepared(connection, sql, params, session)
 
 
 def _fetch_prepared(
-    connection: Any,
-    sql: str,
-    params: Params,
-    session: Sequence[Setting],
-    local: Sequence[Setting],
+    connection: Any, sql: str, params: Params, session: Sequence[Setting]
 ) -> list[tuple[Any, ...]]:
     connection.ensure_connection()
     connection.validate_thread_sharing()
@@ -140,13 +135,10 @@ def _fetch_prepared(
             link.used = True
             rows = _execute(raw, sql, params, prepare=False)
         elif _pooled(raw, link):
-            rows = _fetch_pooled(raw, sql, params, (*session, *local))
+            rows = _fetch_pooled(raw, sql, params, session)
         else:
             prepare = _set_session(raw, link, session) and _ready_to_prepare(raw)
-            if prepare and local and _outside_transaction(raw) and _can_pipeline():
-                rows = _pipelined(raw, local, sql, params, prepare=True)
-            else:
-                rows = _execute(raw, sql, params, prepare=prepare)
+            rows = _execute(raw, sql, params, prepare=prepare)
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return rows
@@ -171,34 +163,14 @@ def _fetch_pooled(
     server connection. The settings end with that transaction and reach no other
     client. Without pipelines (libpq before 14) the settings are left out.
     """
-    if not session or not _can_pipeline():
+    import psycopg
+
+    if not session or not psycopg.Pipeline.is_supported():
         return _execute(raw, sql, params, prepare=False)
-    return _pipelined(raw, session, sql, params, prepare=False)
-
-
-def _can_pipeline() -> bool:
-    import psycopg
-
-    return bool(psycopg.Pipeline.is_supported())
-
-
-def _pipelined(
-    raw: Any, settings: Sequence[Setting], sql: str, params: Params, *, prepare: bool
-) -> list[tuple[Any, ...]]:
-    """`set_config(..., true)` of `settings`, then the statement, in one pipeline.
-
-    One Sync for both: one round trip and one transaction (the implicit one of
-    the extended protocol in autocommit, else the caller's), at whose end the
-    settings lapse.
-    """
-    import psycopg
-
-    # Plain psycopg cursors: the connection's own factory (Django's client-side
-    # binding cursor) would never prepare the settings.
-    with psycopg.Cursor(raw) as setter, psycopg.Cursor(raw) as cursor:
+    with psycopg.Cursor(raw) as cursor:
         with raw.pipeline():
-            setter.execute(_local_settings(tuple(settings)), prepare=prepare)
-            cursor.execute(_binary_arrays(sql), params, prepare=prepare, binary=True)
+            raw.execute(_local_settings(tuple(session)), prepare=False)
+            cursor.execute(_binary_arrays(sql), params, prepare=False, binary=True)
         return cursor.fetchall() if cursor.description else []
 
 
@@ -305,15 +277,14 @@ def prime_session(alias: str, session: Sequence[Setting]) -> None:
 
 
 def _set_session(raw: Any, link: _Link, session: Sequence[Setting]) -> bool:
-    """Run the settings of `session` not yet run on `raw`; True once all have run."""
-    for setting in session:
-        if setting in link.applied:
+    """Run the settings of `session` that do not hold on `raw`; True once all hold."""
+    for name, value in session:
+        if link.applied.get(name) == value:
             continue
         if not _outside_transaction(raw):
             return False
-        name, value = setting
         raw.execute(f"SET {name} = {value}")
-        link.applied.add(setting)
+        link.applied[name] = value
     return True
 
 

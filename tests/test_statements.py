@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import DataError, connections, transaction
+from django.db import connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -113,8 +113,8 @@ def test_an_enqueueing_connection_keeps_generic_plans() -> None:
 
 
 def test_a_claim_inside_a_transaction_runs_unprepared_until_its_settings_can_be_set() -> None:
-    # Its settings (no JIT; the session's custom plans, under the lean claim's own
-    # generic one) can only be set outside a transaction: until then it runs unnamed.
+    # Its settings (no JIT, a generic plan) can only be set outside a transaction:
+    # until they are, it runs unnamed.
     Noop(n=1).enqueue()
     with transaction.atomic():
         assert len(claim_noops()) == 1
@@ -123,7 +123,7 @@ def test_a_claim_inside_a_transaction_runs_unprepared_until_its_settings_can_be_
     Noop(n=2).enqueue()
     assert len(claim_noops()) == 1
     assert [sql for sql in prepared_statements() if "SKIP LOCKED" in sql]
-    assert plan_cache_mode() == "force_custom_plan"
+    assert plan_cache_mode() == "force_generic_plan"
 
 
 @pytest.mark.parametrize("prepared", [True, False])
@@ -150,13 +150,12 @@ def claim_plans() -> tuple[int, int]:
     return int(generic), int(custom)
 
 
-def test_the_lean_claim_keeps_one_generic_plan_and_the_session_its_custom_plans() -> None:
+def test_the_lean_claim_keeps_one_generic_plan() -> None:
     for n in range(8):
         Noop(n=n).enqueue()
         assert len(claim_noops()) == 1
-    generic, custom = claim_plans()
-    assert (generic, custom) == (8, 0)
-    assert plan_cache_mode() == "force_custom_plan"  # for the statements planned per call
+    assert claim_plans() == (8, 0)
+    assert plan_cache_mode() == "force_generic_plan"
 
 
 def test_the_claim_of_capped_kinds_is_planned_for_its_values() -> None:
@@ -171,28 +170,38 @@ def test_the_claim_of_capped_kinds_is_planned_for_its_values() -> None:
     for n in range(3):
         Noop(n=n).enqueue()
         assert len(claim("default", request, TierClock((6, 3, 1)))) == 1
-    generic, custom = claim_plans()
-    assert (generic, custom) == (0, 3)
-
-
-def test_a_failing_statement_leaves_its_local_settings_behind() -> None:
-    session, local = statements.WORKER_SESSION, (statements.GENERIC_PLAN,)
-    statements.fetch("default", "SELECT 1", [], session=session)
-    with pytest.raises(DataError):
-        statements.fetch("default", "SELECT 1 / %s", [0], session=session, local=local)
-    assert plan_cache_mode() == "force_custom_plan"
-    assert statements.fetch("default", "SELECT 1 / %s", [1], session=session, local=local) == [(1,)]
+    assert claim_plans() == (0, 3)
     assert plan_cache_mode() == "force_custom_plan"
 
 
-def test_a_local_setting_holds_for_its_statement_only() -> None:
-    session, local = statements.WORKER_SESSION, (statements.GENERIC_PLAN,)
-    statements.fetch("default", "SELECT 1", [], session=session)
-    mode = "SELECT current_setting('plan_cache_mode') WHERE %s"
-    assert statements.fetch("default", mode, [True], session=session, local=local) == [
-        ("force_generic_plan",)
-    ]
-    assert statements.fetch("default", mode, [True], session=session) == [("force_custom_plan",)]
+def test_one_connection_switches_the_plan_mode_for_the_statement_that_needs_it() -> None:
+    """The verdict write after a lean claim gets its custom plans back, and the next
+    claim its generic one: each statement runs in its own mode, whatever ran before."""
+    spec = registry.get("tests.noop")
+    for n in range(3):
+        Noop(n=n).enqueue()
+        (job,) = claim_noops()
+        assert plan_cache_mode() == "force_generic_plan"
+        verdict = verdicts.from_outcome(job, spec, venturi.Outcome.completed())
+        assert write_verdicts("default", "test", [verdict]) == {job.id}
+        assert plan_cache_mode() == "force_custom_plan"
+    assert claim_plans() == (3, 0)
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%verdict%%'"
+        )
+        assert cursor.fetchall() == [(0, 3)]
+
+
+def test_a_settings_change_inside_a_transaction_waits_for_its_end() -> None:
+    Noop(n=1).enqueue()
+    assert len(claim_noops()) == 1
+    with transaction.atomic():
+        statements.fetch("default", "SELECT 1", [], session=statements.WORKER_SESSION)
+        assert plan_cache_mode() == "force_generic_plan"  # no SET that would roll back
+    statements.fetch("default", "SELECT 1", [], session=statements.WORKER_SESSION)
+    assert plan_cache_mode() == "force_custom_plan"
 
 
 @pytest.mark.parametrize(
