@@ -5,9 +5,11 @@
     python benchmarks/scale.py --workloads w5,claims --n 2000
 
 W5       the no-op drain (`bench.sink`) and the ORM drain (`bench.orm`: read one `Counter`
-         row, update one) at the same cell, their ratio, and the database sessions opened
-         during each drain (`pg_stat_database.sessions`).
-W9       one backlog drained by 1, 2, 4 and 8 worker processes (concurrency 32, -v 0).
+         row, update one) at the same cell, their ratio, the database sessions opened
+         during each drain (`pg_stat_database.sessions`), and the ORM handler's body
+         alone in a loop (one thread, no queue).
+W9       one backlog drained by 1, 2, 4 and 8 worker processes (concurrency 32, -v 0);
+         then again "warm": the workers up and idle first, the backlog in one commit.
 claims   claim statements per enqueue with 1 and 8 idle workers (a statement trigger counts them).
 payload  W1b (`enqueue_many`) and W2 (1 process, concurrency 32, -v 0) with an int payload
          (`bench.sink`) and an eight-field one (`bench.rich`).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -183,6 +186,9 @@ class Results:
     w5_alone: float | None = None
     """The ORM handler's body run in a loop, one thread, no queue: jobs/s."""
     w9: dict[int, Measured] = dataclasses.field(default_factory=dict)
+    """Processes -> drain of a backlog that was there before they started."""
+    w9_warm: dict[int, Measured] = dataclasses.field(default_factory=dict)
+    """Processes -> drain of a backlog committed once they were all up and idle."""
     claims: dict[int, ClaimCount] = dataclasses.field(default_factory=dict)
     payload: dict[str, Measured] = dataclasses.field(default_factory=dict)
 
@@ -331,6 +337,85 @@ def run_w9(options: ScaleOptions, results: Results) -> None:
             )
         results.w9[processes] = Measured(drained, sessions=sessions)
         run.log(f"  W9 {cell.label()}: {run.describe(drained)}")
+    for processes in options.w9_processes:
+        cell = dataclasses.replace(DRAIN_CELL, processes=processes)
+        with scale_database(options, f"w9_warm_{processes}") as dbname:
+            drained, problems = warm_drain(
+                options, dbname, cell, f"w9_warm_{processes}", options.w9_n
+            )
+        results.w9_warm[processes] = Measured(drained, problems=problems)
+        run.log(f"  W9 warm {cell.label()}: {run.describe(drained)}")
+
+
+WORKERS_UP = "SELECT count(*) FROM django_venturi_workerprocess WHERE stopped_at IS NULL"
+
+
+def warm_drain(
+    options: ScaleOptions, dbname: str, cell: Cell, name: str, n: int
+) -> tuple[Drain, list[str]]:
+    """W9 without start-up: the workers start and go idle on an empty queue; then n jobs
+    arrive in one commit (`enqueue_many`), and wake them (NOTIFY, the wake order's
+    hand-on). "all done" runs from that commit; "incl. start-up" is left out.
+    """
+    sink_path = options.artifact(f"{name}.sink")
+    sink_path.unlink(missing_ok=True)
+    reader = SinkReader(str(sink_path))
+    env = run.child_env(options, dbname, sink_path)
+    problems: list[str] = []
+    t_commit = t_all_done = None
+    timeout = False
+    with (
+        psycopg.connect(run.dsn(options, dbname), autocommit=True) as poller,
+        run.spawned(run.venturi_workers(cell), env, options.artifact(name)) as procs,
+    ):
+        registered = wait_until(
+            lambda: poller.execute(WORKERS_UP).fetchone()[0] >= cell.processes, 60.0, procs
+        )
+        if not registered:
+            problems.append("the workers did not all register within 60 s")
+        time.sleep(options.wake_settle)
+        t_commit = produce(options, dbname, "bulk", "--task", "sink", "--n", str(n))["committed"]
+        deadline = time.monotonic() + run.DRAIN_TIMEOUT
+        while not wait_until(lambda: reader.poll() >= n, 0.5, procs):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                timeout = True
+                break
+        while not timeout:
+            if poller.execute(run.VENTURI_UNFINISHED).fetchone()[0] == 0:
+                t_all_done = time.time()
+                break
+            if time.monotonic() > deadline:
+                timeout = True
+            time.sleep(run.DB_POLL)
+        reader.poll()
+        (unfinished,) = poller.execute(run.VENTURI_UNFINISHED).fetchone()
+        (done_once,) = poller.execute(run.VENTURI_DONE_ONCE).fetchone()
+        exits = [p.returncode for p in procs if p.poll() is not None]
+    entries = sorted(t for ts in reader.times.values() for t in ts)
+    handled = len(reader.times)
+    steady = done = None
+    if handled > 1 and entries[-1] > entries[0]:
+        steady = (handled - 1) / (entries[-1] - entries[0])
+    if t_all_done is not None and handled == n:
+        done = n / (t_all_done - t_commit)
+    drained = Drain(
+        n=n,
+        handled=handled,
+        steady=steady,
+        startup=None,
+        done=done,
+        timeout=timeout,
+        duplicates=len(reader.duplicates()),
+        unfinished=unfinished,
+        done_once=done_once,
+        malformed=reader.malformed,
+        seconds=time.time() - t_commit,
+        flow=done,
+        longest_pause=max((b - a for a, b in itertools.pairwise(entries)), default=0.0) * 1000,
+        exits=exits,
+        first_entry=(entries[0] - t_commit) * 1000 if entries else None,
+    )
+    return drained, problems
 
 
 def run_claims(options: ScaleOptions, results: Results) -> None:
@@ -528,13 +613,22 @@ def w5_rows(options: ScaleOptions, results: Results) -> list[list[str]]:
 
 
 def w9_rows(options: ScaleOptions, results: Results) -> list[list[str]]:
-    rows = []
-    if not results.w9:
+    cold = scale_rows(f"W9 ({options.w9_n:,} jobs)", results.w9, METRICS)
+    warm_metrics = (("steady", "steady"), ("done", "commit to all done in DB"))
+    warm = scale_rows(f"W9 warm ({options.w9_n:,} jobs)", results.w9_warm, warm_metrics)
+    return cold + warm
+
+
+def scale_rows(
+    workload: str, drains: dict[int, Measured], metrics: tuple[tuple[str, str], ...]
+) -> list[list[str]]:
+    rows: list[list[str]] = []
+    if not drains:
         return rows
-    largest = max(results.w9)
-    for metric, label in METRICS:
-        best = max((getattr(r.drain, metric) or 0.0 for r in results.w9.values()), default=0.0)
-        for processes, result in sorted(results.w9.items()):
+    largest = max(drains)
+    for metric, label in metrics:
+        best = max((getattr(r.drain, metric) or 0.0 for r in drains.values()), default=0.0)
+        for processes, result in sorted(drains.items()):
             value = getattr(result.drain, metric)
             cell = dataclasses.replace(DRAIN_CELL, processes=processes)
             share = ratio_of(value, best)
@@ -543,13 +637,14 @@ def w9_rows(options: ScaleOptions, results: Results) -> list[list[str]]:
                 target = f"{largest} processes ≥ 80 % of best: {verdict(share, W9_RATIO_TARGET)}"
             rows.append(
                 [
-                    f"W9 ({options.w9_n:,} jobs)",
+                    workload,
                     cell.label(),
                     label,
                     f"{fmt(value)} jobs/s",
                     f"{fmt(None if share is None else share * 100)} % of best",
                     target,
-                    note(result) + f"; {fmt(result.sessions)} sessions",
+                    note(result)
+                    + ("" if result.sessions is None else f"; {fmt(result.sessions)} sessions"),
                 ]
             )
     return rows
@@ -633,6 +728,9 @@ def build_table(options: ScaleOptions, results: Results) -> tuple[str, list[str]
         for p in r.all_problems()
     ]
     failures += [f"W9 {k} processes: {p}" for k, r in results.w9.items() for p in r.all_problems()]
+    failures += [
+        f"W9 warm {k} processes: {p}" for k, r in results.w9_warm.items() for p in r.all_problems()
+    ]
     failures += [f"claims {k} workers: {p}" for k, r in results.claims.items() for p in r.problems]
     failures += [f"payload {k}: {p}" for k, r in results.payload.items() for p in r.all_problems()]
     rows = w5_rows(options, results) + w9_rows(options, results)
@@ -699,9 +797,10 @@ def produce_bulk(task: str, n: int) -> dict[str, Any]:
     start = time.perf_counter()
     with transaction.atomic():
         jobs = venturi.enqueue_many([factory(i) for i in range(n)])
+    committed = time.time()
     elapsed = time.perf_counter() - start
     assert len(jobs) == n
-    return {"n": n, "elapsed": elapsed}
+    return {"n": n, "elapsed": elapsed, "committed": committed}
 
 
 def run_alone(task: str, n: int) -> dict[str, Any]:
