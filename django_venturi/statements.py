@@ -77,6 +77,11 @@ statistics say."""
 
 PLANNER_DEFAULTS: tuple[Setting, ...] = (("enable_seqscan", "on"), ("enable_bitmapscan", "on"))
 
+FOR_PREPARED: tuple[Setting, ...] = (GENERIC_PLAN, *INDEX_SCANS)
+"""Settings that serve a statement prepared once for all calls: left off a connection
+whose project prepares its own statements (we do not prepare on it), where they
+would apply to the project's statements instead."""
+
 WORKER_SESSION = (NO_JIT, CUSTOM_PLANS, *PLANNER_DEFAULTS)
 """The settings of the worker's statements but the lean claim."""
 
@@ -147,7 +152,10 @@ def _fetch_prepared(
         elif _pooled(raw, link):
             rows = _fetch_pooled(raw, sql, params, session)
         else:
-            prepare = _set_session(raw, link, session) and _ready_to_prepare(raw)
+            ready = _ready_to_prepare(raw)
+            if not ready:
+                session = [setting for setting in session if setting not in FOR_PREPARED]
+            prepare = _set_session(raw, link, session) and ready
             rows = _execute(raw, sql, params, prepare=prepare)
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
@@ -294,6 +302,26 @@ def prime_session(alias: str, session: Sequence[Setting]) -> None:
         link = _link(raw)
         if not _pooled(raw, link):
             _set_session(raw, link, session)
+
+
+def reset_planner(alias: str) -> None:
+    """Give the session of `alias` PostgreSQL's own planner settings back, where our
+    statements changed them (`testing.drain`: the test's own queries run after it)."""
+    connection = connections[alias]
+    raw = connection.connection if connection.vendor == "postgresql" else None
+    link = None if raw is None else _links.get(raw)
+    if raw is None or link is None or link.pooled:
+        return
+    changed = sorted(name for name in link.applied if name in _PLANNER_NAMES)
+    if changed:
+        with connection.wrap_database_errors:
+            raw.execute(_RESET_PLANNER, [changed], prepare=False)
+        for name in changed:
+            del link.applied[name]
+
+
+_PLANNER_NAMES = frozenset(name for name, _ in (CUSTOM_PLANS, *INDEX_SCANS))
+_RESET_PLANNER = "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name = ANY(%s)"
 
 
 def _set_session(raw: Any, link: _Link, session: Sequence[Setting]) -> bool:

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 import django_venturi as venturi
 from django_venturi import statements, verdicts
+from django_venturi import testing as venturi_testing
 from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim
 from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
@@ -237,3 +238,33 @@ def test_a_generic_claim_made_on_an_empty_table_still_walks_the_indexes() -> Non
             seq_scans, index_scans = cursor.fetchone()
     assert claim_plans() == (3, 0)
     assert (seq_scans, index_scans > 0) == (0, True)
+
+
+def planner() -> tuple[str, str, str]:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan'),"
+            " current_setting('plan_cache_mode')"
+        )
+        row = cursor.fetchone()
+    return row[0], row[1], row[2]
+
+
+def test_testing_drain_leaves_the_planner_as_it_found_it() -> None:
+    """The test's own queries after `drain()` are planned as PostgreSQL would."""
+    for n in range(3):
+        Noop(n=n).enqueue()
+    assert len(venturi_testing.drain()) == 3
+    assert planner() == ("on", "on", "auto")
+
+
+def test_a_connection_the_project_prepares_on_keeps_its_planner() -> None:
+    """Where the project set `prepare_threshold`, the claim runs unnamed and its
+    generic-plan settings would reach only the project's own statements: left off."""
+    connection = connections["default"]
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = 5
+    Noop(n=1).enqueue()
+    assert len(claim_noops()) == 1
+    assert not [sql for sql in prepared_statements() if "SKIP LOCKED" in sql]
+    assert planner() == ("on", "on", "auto")
