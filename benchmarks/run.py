@@ -496,22 +496,47 @@ def drain(
                     timeout = True
                     break
                 time.sleep(DB_POLL)
-        seconds = time.time() - t_spawn
         reader.poll()
         (unfinished,) = poller.execute(unfinished_sql).fetchone()
         (done_once,) = poller.execute(done_once_sql).fetchone()
+    return drain_result(
+        reader,
+        n,
+        t_zero=t_spawn,
+        t_all_done=t_all_done,
+        timeout=timeout,
+        unfinished=unfinished,
+        done_once=done_once,
+        exits=exits,
+    )
+
+
+def drain_result(
+    reader: SinkReader,
+    n: int,
+    *,
+    t_zero: float,
+    t_all_done: float | None,
+    timeout: bool,
+    unfinished: int,
+    done_once: int,
+    exits: list[int],
+) -> Drain:
+    """The figures of a drain from its sink and the times around it. `t_zero` is when
+    the clock started (the spawn; for a warm drain, the backlog's commit)."""
+    seconds = time.time() - t_zero
     entries = sorted(t for ts in reader.times.values() for t in ts)
     handled = len(reader.times)
     steady = startup = done = pause = flow = first_entry = None
     if entries:
         t_first, t_last = entries[0], entries[-1]
-        first_entry = (t_first - t_spawn) * 1000
+        first_entry = (t_first - t_zero) * 1000
         pause = max((b - a for a, b in itertools.pairwise(entries)), default=0.0) * 1000
         if handled > 1 and t_last > t_first:
             steady = (handled - 1) / (t_last - t_first)
-        startup = handled / (t_last - t_spawn)
+        startup = handled / (t_last - t_zero)
     if t_all_done is not None and handled == n:
-        done = n / (t_all_done - t_spawn)
+        done = n / (t_all_done - t_zero)
         if entries and t_all_done > entries[0]:
             flow = n / (t_all_done - entries[0])
     return Drain(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import subprocess
@@ -362,7 +361,7 @@ def warm_drain(
     reader = SinkReader(str(sink_path))
     env = run.child_env(options, dbname, sink_path)
     problems: list[str] = []
-    t_commit = t_all_done = None
+    t_all_done: float | None = None
     timeout = False
     with (
         psycopg.connect(run.dsn(options, dbname), autocommit=True) as poller,
@@ -374,7 +373,9 @@ def warm_drain(
         if not registered:
             problems.append("the workers did not all register within 60 s")
         time.sleep(options.wake_settle)
-        t_commit = produce(options, dbname, "bulk", "--task", "sink", "--n", str(n))["committed"]
+        t_commit = float(
+            produce(options, dbname, "bulk", "--task", "sink", "--n", str(n))["committed"]
+        )
         deadline = time.monotonic() + run.DRAIN_TIMEOUT
         while not wait_until(lambda: reader.poll() >= n, 0.5, procs):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -391,29 +392,15 @@ def warm_drain(
         (unfinished,) = poller.execute(run.VENTURI_UNFINISHED).fetchone()
         (done_once,) = poller.execute(run.VENTURI_DONE_ONCE).fetchone()
         exits = [p.returncode for p in procs if p.poll() is not None]
-    entries = sorted(t for ts in reader.times.values() for t in ts)
-    handled = len(reader.times)
-    steady = done = None
-    if handled > 1 and entries[-1] > entries[0]:
-        steady = (handled - 1) / (entries[-1] - entries[0])
-    if t_all_done is not None and handled == n:
-        done = n / (t_all_done - t_commit)
-    drained = Drain(
-        n=n,
-        handled=handled,
-        steady=steady,
-        startup=None,
-        done=done,
+    drained = run.drain_result(
+        reader,
+        n,
+        t_zero=t_commit,
+        t_all_done=t_all_done,
         timeout=timeout,
-        duplicates=len(reader.duplicates()),
         unfinished=unfinished,
         done_once=done_once,
-        malformed=reader.malformed,
-        seconds=time.time() - t_commit,
-        flow=done,
-        longest_pause=max((b - a for a, b in itertools.pairwise(entries)), default=0.0) * 1000,
         exits=exits,
-        first_entry=(entries[0] - t_commit) * 1000 if entries else None,
     )
     return drained, problems
 
