@@ -253,6 +253,14 @@ def _without_comment(line: str) -> str:
     return line if start < 0 else line[:start]
 
 
+def _usable(raw: Any) -> bool:
+    """Whether a statement can run on `raw` now: open, and not in a failed transaction."""
+    from psycopg.pq import TransactionStatus
+
+    status = raw.info.transaction_status
+    return not raw.closed and status in (TransactionStatus.IDLE, TransactionStatus.INTRANS)
+
+
 def _outside_transaction(raw: Any) -> bool:
     from psycopg.pq import TransactionStatus
 
@@ -321,8 +329,8 @@ def reset_planner(alias: str) -> None:
     connection = connections[alias]
     raw = connection.connection if connection.vendor == "postgresql" else None
     link = None if raw is None else _links.get(raw)
-    if raw is None or link is None or link.pooled:
-        return
+    if raw is None or link is None or link.pooled or not _usable(raw):
+        return  # nothing of ours to undo, or nothing can run (and an error is on its way)
     changed = sorted(name for name in link.applied if name in _PLANNER_NAMES)
     if changed:
         with connection.wrap_database_errors:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -267,4 +267,18 @@ def test_a_connection_the_project_prepares_on_keeps_its_planner() -> None:
     Noop(n=1).enqueue()
     assert len(claim_noops()) == 1
     assert not [sql for sql in prepared_statements() if "SKIP LOCKED" in sql]
+    assert planner() == ("on", "on", "auto")
+
+
+def test_testing_drain_in_a_failed_transaction_raises_the_failure_not_a_reset_error() -> None:
+    """The planner reset after `drain()` must not hide why the test's transaction failed."""
+    Noop(n=1).enqueue()
+    assert len(claim_noops()) == 1  # the session now has the claim's planner settings
+    with pytest.raises(IntegrityError), transaction.atomic():
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("INSERT INTO django_venturi_job (id) VALUES (NULL)")
+        finally:
+            statements.reset_planner("default")  # the transaction has failed: runs nothing
+    statements.reset_planner("default")
     assert planner() == ("on", "on", "auto")
