@@ -471,31 +471,14 @@ def drain(
     sink_path.unlink(missing_ok=True)
     reader = SinkReader(str(sink_path))
     env = child_env(options, dbname, sink_path)
-    timeout = False
-    t_all_done = None
-    exits: list[int] = []
     with psycopg.connect(dsn(options, dbname), autocommit=True) as poller:
         poller.execute(unfinished_sql)  # connected and warm before the clock starts
         t_spawn = time.time()
         deadline = time.monotonic() + timeout_s
         with spawned(commands, env, options.artifact(name)) as processes:
-            while reader.poll() < n:
-                if time.monotonic() > deadline:
-                    timeout = True
-                    break
-                exits = [p.returncode for p in processes if p.poll() is not None]
-                if exits:
-                    break
-                time.sleep(SINK_POLL)
-            while not timeout and not exits:
-                (unfinished,) = poller.execute(unfinished_sql).fetchone()
-                if unfinished == 0:
-                    t_all_done = time.time()
-                    break
-                if time.monotonic() > deadline:
-                    timeout = True
-                    break
-                time.sleep(DB_POLL)
+            t_all_done, timeout, exits = follow(
+                reader, n, poller, unfinished_sql, processes, deadline
+            )
         reader.poll()
         (unfinished,) = poller.execute(unfinished_sql).fetchone()
         (done_once,) = poller.execute(done_once_sql).fetchone()
@@ -509,6 +492,33 @@ def drain(
         done_once=done_once,
         exits=exits,
     )
+
+
+def follow(
+    reader: SinkReader,
+    n: int,
+    poller: psycopg.Connection[Any],
+    unfinished_sql: str,
+    processes: list[subprocess.Popen[bytes]],
+    deadline: float,
+) -> tuple[float | None, bool, list[int]]:
+    """Follow a drain until all n jobs were handled (the sink) and none is unfinished
+    (the database): (when all were done, whether the deadline passed first, the
+    return codes of workers that exited on their own)."""
+    while reader.poll() < n:
+        if time.monotonic() > deadline:
+            return None, True, []
+        exits = [p.returncode for p in processes if p.poll() is not None]
+        if exits:
+            return None, False, exits
+        time.sleep(SINK_POLL)
+    while True:
+        (unfinished,) = poller.execute(unfinished_sql).fetchone()
+        if unfinished == 0:
+            return time.time(), False, []
+        if time.monotonic() > deadline:
+            return None, True, []
+        time.sleep(DB_POLL)
 
 
 def drain_result(

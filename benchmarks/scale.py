@@ -361,8 +361,6 @@ def warm_drain(
     reader = SinkReader(str(sink_path))
     env = run.child_env(options, dbname, sink_path)
     problems: list[str] = []
-    t_all_done: float | None = None
-    timeout = False
     with (
         psycopg.connect(run.dsn(options, dbname), autocommit=True) as poller,
         run.spawned(run.venturi_workers(cell), env, options.artifact(name)) as procs,
@@ -377,21 +375,12 @@ def warm_drain(
             produce(options, dbname, "bulk", "--task", "sink", "--n", str(n))["committed"]
         )
         deadline = time.monotonic() + run.DRAIN_TIMEOUT
-        while not wait_until(lambda: reader.poll() >= n, 0.5, procs):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                timeout = True
-                break
-        while not timeout:
-            if poller.execute(run.VENTURI_UNFINISHED).fetchone()[0] == 0:
-                t_all_done = time.time()
-                break
-            if time.monotonic() > deadline:
-                timeout = True
-            time.sleep(run.DB_POLL)
+        t_all_done, timeout, exits = run.follow(
+            reader, n, poller, run.VENTURI_UNFINISHED, procs, deadline
+        )
         reader.poll()
         (unfinished,) = poller.execute(run.VENTURI_UNFINISHED).fetchone()
         (done_once,) = poller.execute(run.VENTURI_DONE_ONCE).fetchone()
-        exits = [p.returncode for p in procs if p.poll() is not None]
     drained = run.drain_result(
         reader,
         n,

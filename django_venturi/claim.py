@@ -608,8 +608,7 @@ def _claim_postgresql(
 def prime_claim_session(alias: str, request: ClaimRequest) -> None:
     """Set the session up for this request's claim now (an idle worker does it before
     it sleeps, so that the claim of its next wake-up need not)."""
-    if connections[alias].vendor == "postgresql":
-        statements.prime_session(alias, claim_session(request))
+    statements.prime_session(alias, claim_session(request))
 
 
 def claim_session(request: ClaimRequest) -> tuple[statements.Setting, ...]:

@@ -76,6 +76,8 @@ jobs/s instead of 18,000. With these, the planner takes the indexes whatever its
 statistics say."""
 
 PLANNER_DEFAULTS: tuple[Setting, ...] = (("enable_seqscan", "on"), ("enable_bitmapscan", "on"))
+"""What the worker's other statements run with, on a connection the lean claim set
+to index scans only."""
 
 FOR_PREPARED: tuple[Setting, ...] = (GENERIC_PLAN, *INDEX_SCANS)
 """Settings that serve a statement prepared once for all calls: left off a connection
@@ -198,22 +200,15 @@ def _fetch_pooled(
         return _execute(raw, sql, params, prepare=False)
     with psycopg.Cursor(raw) as cursor:
         with raw.pipeline():
-            raw.execute(_local_settings(tuple(session)), prepare=False)
+            raw.execute(_set_config(tuple(session), local=True), prepare=False)
             cursor.execute(_binary_arrays(sql), params, prepare=False, binary=True)
         return _rows(cursor)
 
 
-@functools.lru_cache(maxsize=8)
-def _local_settings(session: tuple[Setting, ...]) -> str:
-    return _set_config(session, local=True)
-
-
-@functools.lru_cache(maxsize=16)
-def _session_settings(settings: tuple[Setting, ...]) -> str:
-    return _set_config(settings, local=False)
-
-
+@functools.lru_cache(maxsize=32)
 def _set_config(settings: tuple[Setting, ...], *, local: bool) -> str:
+    """One statement that sets `settings` for the session, or (`local`) for the
+    current transaction only."""
     scope = "true" if local else "false"
     calls = ", ".join(f"set_config('{name}', '{value}', {scope})" for name, value in settings)
     return f"SELECT {calls}"
@@ -351,7 +346,7 @@ def _set_session(raw: Any, link: _Link, session: Sequence[Setting]) -> bool:
         return True
     if not _outside_transaction(raw):
         return False
-    raw.execute(_session_settings(changes), prepare=False)
+    raw.execute(_set_config(changes, local=False), prepare=False)
     link.applied.update(changes)
     return True
 

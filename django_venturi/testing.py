@@ -71,24 +71,25 @@ def drain(
     is not due yet (use a zero backoff in tests to see retries run).
     """
     from django_venturi import statements
-    from django_venturi.registry import registry
 
     alias = _alias(using)
-    wanted = registry.kinds() if kinds is None else [_kind_name(kind) for kind in kinds]
     try:
-        return _drain(alias, wanted, queues, limit)
+        return _drain(alias, kinds, queues, limit)
     finally:
         # The claim's planner settings (a generic plan, index scans only) are the
         # worker's; the test's own queries on this connection are planned as usual.
         statements.reset_planner(alias)
 
 
-def _drain(alias: str, wanted: list[str], queues: Sequence[str] | None, limit: int) -> list[Ran]:
+def _drain(
+    alias: str, kinds: Sequence[str | type] | None, queues: Sequence[str] | None, limit: int
+) -> list[Ran]:
     from django_venturi.claim import ClaimRequest, claim
     from django_venturi.conf import venturi_settings
     from django_venturi.registry import registry
     from django_venturi.scheduling import TierClock
 
+    wanted = registry.kinds() if kinds is None else [_kind_name(kind) for kind in kinds]
     clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
     ran: list[Ran] = []
     while True:
