@@ -154,10 +154,7 @@ def _fetch_prepared(
         elif _pooled(raw, link):
             rows = _fetch_pooled(raw, sql, params, session)
         else:
-            ready = _ready_to_prepare(raw)
-            if not ready:
-                session = [setting for setting in session if setting not in FOR_PREPARED]
-            prepare = _set_session(raw, link, session) and ready
+            prepare = _set_session(raw, link, session) and _ready_to_prepare(raw)
             rows = _execute(raw, sql, params, prepare=prepare)
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
@@ -340,7 +337,10 @@ _RESET_PLANNER = "SELECT set_config(name, reset_val, false) FROM pg_settings WHE
 
 def _set_session(raw: Any, link: _Link, session: Sequence[Setting]) -> bool:
     """Run the settings of `session` that do not hold on `raw` (in one statement);
-    True once all hold."""
+    True once all hold. On a connection where the project prepares its own
+    statements, those of FOR_PREPARED are left out: they would reach only its own."""
+    if not _ready_to_prepare(raw):
+        session = [setting for setting in session if setting not in FOR_PREPARED]
     changes = tuple((name, value) for name, value in session if link.applied.get(name) != value)
     if not changes:
         return True

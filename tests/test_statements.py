@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 import django_venturi as venturi
 from django_venturi import statements, verdicts
 from django_venturi import testing as venturi_testing
-from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim
+from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim, prime_claim_session
 from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
@@ -37,11 +37,14 @@ def prepared_statements() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def claim_noops(limit: int = 10) -> list[ClaimedJob]:
-    request = ClaimRequest(
+def noop_request(limit: int = 10) -> ClaimRequest:
+    return ClaimRequest(
         worker="test", limit=limit, kinds=["tests.noop"], leases=[timedelta(minutes=5)], queues=None
     )
-    return claim("default", request, TierClock((6, 3, 1)))
+
+
+def claim_noops(limit: int = 10) -> list[ClaimedJob]:
+    return claim("default", noop_request(limit), TierClock((6, 3, 1)))
 
 
 def enqueue_claim_complete() -> list[int]:
@@ -267,6 +270,16 @@ def test_a_connection_the_project_prepares_on_keeps_its_planner() -> None:
     Noop(n=1).enqueue()
     assert len(claim_noops()) == 1
     assert not [sql for sql in prepared_statements() if "SKIP LOCKED" in sql]
+    assert planner() == ("on", "on", "auto")
+
+
+def test_an_idle_worker_leaves_the_planner_of_a_connection_the_project_prepares_on() -> None:
+    """What an idle worker runs before it sleeps (the claim's session, set ahead)
+    keeps to the same rule as the claim itself on such a connection."""
+    connection = connections["default"]
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = 5
+    prime_claim_session("default", noop_request())
     assert planner() == ("on", "on", "auto")
 
 
