@@ -87,11 +87,18 @@ def stopped(process: subprocess.Popen[bytes]) -> bool:
     return fields[0] == "T"
 
 
-def sqlite_write_lock_free(alias: str) -> bool:
-    """Whether another process could take SQLite's write lock now."""
+def sqlite_unlocked(alias: str) -> bool:
+    """Whether another process could commit a write to the SQLite file now.
+
+    `BEGIN EXCLUSIVE`, not `BEGIN IMMEDIATE`: in the rollback-journal mode the test
+    database uses, a writer's commit waits for every reader's SHARED lock too, and
+    IMMEDIATE only asks for the RESERVED lock, which a reader does not hold. A worker
+    frozen mid-SELECT passed the IMMEDIATE probe, and then blocked every commit of
+    the worker meant to rescue its job (CI, stop 28).
+    """
     probe = sqlite3.connect(connections[alias].settings_dict["NAME"], timeout=0.2)
     try:
-        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("BEGIN EXCLUSIVE")
         probe.rollback()
         return True
     except sqlite3.OperationalError:
@@ -101,21 +108,22 @@ def sqlite_write_lock_free(alias: str) -> bool:
 
 
 def stop_outside_transactions(alias: str, process: subprocess.Popen[bytes]) -> None:
-    """SIGSTOP `process`, retrying if it froze while holding SQLite's write lock.
+    """SIGSTOP `process`, retrying if it froze while holding a lock on the SQLite file.
 
-    A process stopped inside a SQLite write transaction blocks every other
-    process on that file: that is SQLite's single-host nature, not what this
-    test is about. PostgreSQL's row locks do not have this problem here, since
-    the stalled worker's own job is never locked by an open transaction of it.
+    A process stopped inside a SQLite transaction or statement (a read's SHARED lock
+    as much as a write's) blocks every other process's commits to that file: that is
+    SQLite's single-host nature, not what this test is about. PostgreSQL's row locks
+    do not have this problem here, since the stalled worker's own job is never locked
+    by an open transaction of it.
     """
     for _ in range(50):
         process.send_signal(signal.SIGSTOP)
         wait_until(lambda: stopped(process), timeout=5, message="the worker to stop")
-        if connections[alias].vendor == "postgresql" or sqlite_write_lock_free(alias):
+        if connections[alias].vendor == "postgresql" or sqlite_unlocked(alias):
             return
         process.send_signal(signal.SIGCONT)
         time.sleep(0.05)
-    raise AssertionError("the worker kept holding SQLite's write lock")
+    raise AssertionError("the worker kept holding a lock on the SQLite file")
 
 
 def claim_one(alias: str, worker: str, lease: timedelta = timedelta(seconds=30)) -> ClaimedJob:
