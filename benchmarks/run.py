@@ -476,9 +476,7 @@ def drain(
         t_spawn = time.time()
         deadline = time.monotonic() + timeout_s
         with spawned(commands, env, options.artifact(name)) as processes:
-            t_all_done, timeout, exits = follow(
-                reader, n, poller, unfinished_sql, processes, deadline
-            )
+            t_all_done, exits = follow(reader, n, poller, unfinished_sql, processes, deadline)
         reader.poll()
         (unfinished,) = poller.execute(unfinished_sql).fetchone()
         (done_once,) = poller.execute(done_once_sql).fetchone()
@@ -487,7 +485,6 @@ def drain(
         n,
         t_zero=t_spawn,
         t_all_done=t_all_done,
-        timeout=timeout,
         unfinished=unfinished,
         done_once=done_once,
         exits=exits,
@@ -501,23 +498,23 @@ def follow(
     unfinished_sql: str,
     processes: list[subprocess.Popen[bytes]],
     deadline: float,
-) -> tuple[float | None, bool, list[int]]:
+) -> tuple[float | None, list[int]]:
     """Follow a drain until all n jobs were handled (the sink) and none is unfinished
-    (the database): (when all were done, whether the deadline passed first, the
-    return codes of workers that exited on their own)."""
+    (the database): (when all were done, the return codes of workers that exited on
+    their own). Neither means the deadline passed first."""
     while reader.poll() < n:
         if time.monotonic() > deadline:
-            return None, True, []
+            return None, []
         exits = [p.returncode for p in processes if p.poll() is not None]
         if exits:
-            return None, False, exits
+            return None, exits
         time.sleep(SINK_POLL)
     while True:
         (unfinished,) = poller.execute(unfinished_sql).fetchone()
         if unfinished == 0:
-            return time.time(), False, []
+            return time.time(), []
         if time.monotonic() > deadline:
-            return None, True, []
+            return None, []
         time.sleep(DB_POLL)
 
 
@@ -527,13 +524,13 @@ def drain_result(
     *,
     t_zero: float,
     t_all_done: float | None,
-    timeout: bool,
     unfinished: int,
     done_once: int,
     exits: list[int],
 ) -> Drain:
     """The figures of a drain from its sink and the times around it. `t_zero` is when
-    the clock started (the spawn; for a warm drain, the backlog's commit)."""
+    the clock started (the spawn; for a warm drain, the backlog's commit). A drain
+    that neither finished (`t_all_done`) nor lost a worker (`exits`) timed out."""
     seconds = time.time() - t_zero
     entries = sorted(t for ts in reader.times.values() for t in ts)
     handled = len(reader.times)
@@ -555,7 +552,7 @@ def drain_result(
         steady=steady,
         startup=startup,
         done=done,
-        timeout=timeout,
+        timeout=t_all_done is None and not exits,
         duplicates=len(reader.duplicates()),
         unfinished=unfinished,
         done_once=done_once,

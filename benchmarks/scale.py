@@ -375,9 +375,7 @@ def warm_drain(
             produce(options, dbname, "bulk", "--task", "sink", "--n", str(n))["committed"]
         )
         deadline = time.monotonic() + run.DRAIN_TIMEOUT
-        t_all_done, timeout, exits = run.follow(
-            reader, n, poller, run.VENTURI_UNFINISHED, procs, deadline
-        )
+        t_all_done, exits = run.follow(reader, n, poller, run.VENTURI_UNFINISHED, procs, deadline)
         reader.poll()
         (unfinished,) = poller.execute(run.VENTURI_UNFINISHED).fetchone()
         (done_once,) = poller.execute(run.VENTURI_DONE_ONCE).fetchone()
@@ -386,7 +384,6 @@ def warm_drain(
         n,
         t_zero=t_commit,
         t_all_done=t_all_done,
-        timeout=timeout,
         unfinished=unfinished,
         done_once=done_once,
         exits=exits,

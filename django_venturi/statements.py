@@ -339,7 +339,7 @@ def _set_session(raw: Any, link: _Link, session: Sequence[Setting]) -> bool:
     """Run the settings of `session` that do not hold on `raw` (in one statement);
     True once all hold. On a connection where the project prepares its own
     statements, those of FOR_PREPARED are left out: they would reach only its own."""
-    if not _ready_to_prepare(raw):
+    if _project_prepares(raw):
         session = [setting for setting in session if setting not in FOR_PREPARED]
     changes = tuple((name, value) for name, value in session if link.applied.get(name) != value)
     if not changes:
@@ -359,9 +359,14 @@ def _ready_to_prepare(raw: Any) -> bool:
     statements and never Django's. A connection set up otherwise by the project
     runs ours unnamed: server-side binding, custom plan, no prepare.
     """
-    if raw.prepare_threshold == ONLY_WHEN_ASKED:
-        return True
-    if raw.prepare_threshold is not None:
+    if _project_prepares(raw):
         return False
-    raw.prepare_threshold = ONLY_WHEN_ASKED
+    if raw.prepare_threshold is None:
+        raw.prepare_threshold = ONLY_WHEN_ASKED
     return True
+
+
+def _project_prepares(raw: Any) -> bool:
+    """Whether the project set the connection's `prepare_threshold` itself (neither
+    Django's None nor ours)."""
+    return raw.prepare_threshold not in (None, ONLY_WHEN_ASKED)

@@ -92,9 +92,9 @@ def sqlite_unlocked(alias: str) -> bool:
 
     `BEGIN EXCLUSIVE`, not `BEGIN IMMEDIATE`: in the rollback-journal mode the test
     database uses, a writer's commit waits for every reader's SHARED lock too, and
-    IMMEDIATE only asks for the RESERVED lock, which a reader does not hold. A worker
-    frozen mid-SELECT passed the IMMEDIATE probe, and then blocked every commit of
-    the worker meant to rescue its job (CI, stop 28).
+    IMMEDIATE only asks for the RESERVED lock, which a reader does not hold: a worker
+    frozen mid-SELECT would pass it, and then block every commit of the worker meant
+    to rescue its job.
     """
     probe = sqlite3.connect(connections[alias].settings_dict["NAME"], timeout=0.2)
     try:

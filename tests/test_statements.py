@@ -80,6 +80,8 @@ def test_prepared_statements_can_be_switched_off() -> None:
     assert len(ids) == 3
     assert JournalEntry.objects.filter(job_id__in=ids, outcome="completed").count() == 3
     assert prepared_statements() == []
+    # Switched off means left alone: the connection's own setting is not touched.
+    assert connections["default"].connection.prepare_threshold is None
 
 
 def test_django_query_log_still_sees_them() -> None:
