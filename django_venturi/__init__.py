@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_venturi.backoff import Fibonacci
-from django_venturi.cancel import CancelResult, cancel
-from django_venturi.codec import PayloadError, secret
 from django_venturi.context import Context
-from django_venturi.dedup import Existing, Merge
-from django_venturi.dependencies import UnknownDependency
-from django_venturi.journal import history
+from django_venturi.observe.snapshot import stats
 from django_venturi.outcomes import Outcome, TaskError
-from django_venturi.pauses import Paused, pause, paused, resume
+from django_venturi.payloads.codec import PayloadError, secret
 from django_venturi.periodic import periodic
-from django_venturi.rate_limits import RateLimit
 from django_venturi.registry import RegistrationError, UnknownKind
-from django_venturi.retention import cleanup
-from django_venturi.snapshot import stats
 from django_venturi.states import JournalOutcome, Priority, State
+from django_venturi.store.backoff import Fibonacci
+from django_venturi.store.cancel import CancelResult, cancel
+from django_venturi.store.dedup import Existing, Merge
+from django_venturi.store.dependencies import UnknownDependency
+from django_venturi.store.journal import history
+from django_venturi.store.pauses import Paused, pause, paused, resume
+from django_venturi.store.rate_limits import RateLimit
+from django_venturi.store.retention import cleanup
 from django_venturi.tasks import Task, task
 from django_venturi.workflows import chain, group
 
@@ -77,7 +77,7 @@ def enqueue_many(instances: Any, **options: Any) -> list[Job]:
 
     jobs = _enqueue_many(instances, **options)
     if venturi_settings.TESTING_EAGER:
-        from django_venturi.inline import run_enqueued
+        from django_venturi.worker.inline import run_enqueued
 
         run_enqueued(jobs)
     return jobs

@@ -13,8 +13,9 @@ from django.core.checks import Warning as CheckWarning
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from django_venturi import statements, telemetry
 from django_venturi.conf import DEFAULTS, venturi_settings
+from django_venturi.observe import telemetry
+from django_venturi.store import statements
 
 HINT = "See 'Settings' in the django-venturi guide."
 
@@ -335,6 +336,6 @@ def check_tasks_backends(
         for entry in tasks.values()
     ):
         return []  # the backend (and the Tasks frameworks) stay unimported
-    from django_venturi.backend import check_tasks_setting
+    from django_venturi.tasks_backend.backend import check_tasks_setting
 
     return check_tasks_setting()

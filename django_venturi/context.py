@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.utils import timezone
 
-from django_venturi.codec import int_problem
-from django_venturi.reconnect import closing_broken_on_error
-from django_venturi.text import storable
+from django_venturi.payloads.codec import int_problem
+from django_venturi.payloads.text import storable
+from django_venturi.store.connections import closing_broken_on_error
 
 if TYPE_CHECKING:
     from django_venturi.models import JournalEntry

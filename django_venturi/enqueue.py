@@ -23,14 +23,14 @@ from django.db.models import NOT_PROVIDED, signals
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from django_venturi import dedup, dependencies, merging, statements
-from django_venturi.backoff import MAX_DELAY
-from django_venturi.clock import check_representable
 from django_venturi.conf import venturi_settings
-from django_venturi.dedup import key_of
 from django_venturi.models import Job
 from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, spec_of, validate_name
 from django_venturi.states import Priority, State
+from django_venturi.store import dedup, dependencies, merging, statements
+from django_venturi.store.backoff import MAX_DELAY
+from django_venturi.store.clock import check_representable
+from django_venturi.store.dedup import key_of
 
 PRIORITY_VALUES = frozenset(Priority.values)
 INSERT_BATCH_SIZE = 5000

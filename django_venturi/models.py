@@ -146,7 +146,7 @@ class Job(models.Model):
 
     def masked_payload(self) -> Any:
         """The stored payload with the task's secret fields masked (for screens and logs)."""
-        from django_venturi import codec
+        from django_venturi.payloads import codec
         from django_venturi.registry import UnknownKind, registry
 
         try:

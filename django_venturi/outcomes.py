@@ -32,7 +32,7 @@ class Outcome:
     read by the jobs enqueued after it (`ctx.dependency_results()`)."""
     reason: str = ""
     """Why the job failed (failed only). Characters PostgreSQL cannot store (NUL,
-    surrogates) are replaced when the journal records it: see `django_venturi.text`."""
+    surrogates) are replaced when the journal records it: see `django_venturi.payloads.text`."""
 
     def __post_init__(self) -> None:
         if self.after is not None and not isinstance(self.after, timedelta):

@@ -7,6 +7,8 @@ which finds the matching clock times of the schedule's time zone; which instants
 those stand for across daylight-saving changes follows Debian cron's rules (see
 `Schedule._tick_after`). Ticks are compared as instants, never as clock times.
 
+This module holds the schedules; the database side of a tick is
+`store/periodic_ticks.py`, and the worker's passes are `worker/scheduler.py`.
 Every worker makes a scheduler pass every `PERIODIC_INTERVAL`: for each
 schedule, the latest tick at or before the database's `now()` is inserted as a
 job with `periodic_tick` set, if it is later than the kind's tick recorded in
@@ -21,23 +23,17 @@ unless it is older than `PERIODIC_CATCH_UP` (then it is recorded as skipped).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.db import IntegrityError, connections, transaction
-
-from django_venturi.clock import database_time
 from django_venturi.conf import venturi_settings
-from django_venturi.reconnect import DATABASE_ERRORS
 from django_venturi.registry import RegistrationError, UnknownKind, registry
-from django_venturi.states import State
 
 if TYPE_CHECKING:
-    from django_venturi.enqueue import NewJob
+    pass
 
 logger = logging.getLogger("django_venturi.periodic")
 
@@ -328,267 +324,3 @@ def errors() -> list[str]:
         except ScheduleError as error:
             problems.append(str(error))
     return problems
-
-
-# ------------------------------------------------------------ enqueueing ticks
-
-
-def enqueue_tick(alias: str, schedule: Schedule, tick: datetime) -> int | None:
-    """Record the tick and insert its job, in one transaction; return the job's id.
-
-    None when the kind's recorded tick is this one or a later one (another worker
-    handled it, or it was enqueued and its job cleaned up since), or when the
-    insert meets a conflict: a ready job of the task's dedup key is in the way (the
-    tick is recorded all the same), or the tick's job is there from before ticks
-    were recorded.
-    """
-    from django_venturi.enqueue import prepare
-
-    new = prepare(schedule.instance(), delay=None, run_at=None, priority=None, queue=None)
-    if connections[alias].vendor != "postgresql":
-        return _enqueue_tick_sqlite(alias, new, tick)
-    return _enqueue_tick_postgresql(alias, new, tick)
-
-
-def skip_tick(alias: str, kind: str, tick: datetime) -> bool:
-    """Record a tick that gets no job (missed by more than `PERIODIC_CATCH_UP`).
-
-    False when the kind's recorded tick is this one or a later one already.
-    """
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        with transaction.atomic(using=alias):
-            if not _later_than_recorded(alias, kind, tick):
-                return False
-            _record(alias, kind, tick, job_id=None)
-            return True
-    with connection.cursor() as cursor:
-        cursor.execute(_SKIP_TICK_SQL.format(**_tables(alias)), [kind, tick])
-        return cursor.fetchone() is not None
-
-
-def _tables(alias: str) -> dict[str, str]:
-    from django_venturi.models import Job, PeriodicTick
-
-    quote = connections[alias].ops.quote_name
-    return {"jobs": quote(Job._meta.db_table), "ticks": quote(PeriodicTick._meta.db_table)}
-
-
-def _enqueue_tick_postgresql(alias: str, new: NewJob, tick: datetime) -> int | None:
-    tables = _tables(alias)
-    params: list[Any] = [
-        tables["jobs"],
-        new.kind,
-        tick,
-        new.kind,
-        new.queue,
-        new.priority,
-        State.READY.value,
-        json.dumps(new.payload),
-        new.dedup_key,
-        tick,
-        tick,
-        venturi_settings.NOTIFY_CHANNEL,
-    ]
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(_ENQUEUE_TICK_SQL.format(**tables), params)
-        row = cursor.fetchone()
-        if row is None:
-            return None  # the kind's recorded tick is this one or a later one
-        if row[1] is None:
-            # The insert met a conflict: record the job that holds the tick, if any,
-            # rather than the id of a job that was never inserted.
-            cursor.execute(_HOLDER_SQL.format(**tables), [new.kind, tick, new.kind])
-            return None
-    return int(row[1])
-
-
-def _enqueue_tick_sqlite(alias: str, new: NewJob, tick: datetime) -> int | None:
-    from django_venturi.models import Job
-
-    jobs = Job.objects.using(alias)
-    # SQLite: the IMMEDIATE transaction holds the write lock from its first
-    # statement, so nobody records or inserts the tick between these checks and the writes.
-    with transaction.atomic(using=alias):
-        if not _later_than_recorded(alias, new.kind, tick):
-            return None
-        holder = jobs.filter(kind=new.kind, periodic_tick=tick).values_list("id", flat=True)
-        job_id = holder.first()
-        if job_id is not None:  # enqueued before ticks were recorded
-            _record(alias, new.kind, tick, job_id=job_id)
-            return None
-        try:
-            with transaction.atomic(using=alias):
-                job = jobs.create(
-                    kind=new.kind,
-                    queue=new.queue,
-                    priority=new.priority,
-                    state=State.READY,
-                    payload=new.payload,
-                    dedup_key=new.dedup_key,
-                    run_at=tick,
-                    enqueued_at=database_time(alias),
-                    periodic_tick=tick,
-                )
-        except IntegrityError:
-            _record(alias, new.kind, tick, job_id=None)
-            return None  # a ready job of the task's dedup key is in the way
-        _record(alias, new.kind, tick, job_id=int(job.pk))
-    return int(job.pk)
-
-
-def _later_than_recorded(alias: str, kind: str, tick: datetime) -> bool:
-    from django_venturi.models import PeriodicTick
-
-    return not PeriodicTick.objects.using(alias).filter(kind=kind, tick__gte=tick).exists()
-
-
-def _record(alias: str, kind: str, tick: datetime, *, job_id: int | None) -> None:
-    """Record the kind's latest tick (SQLite, in the transaction that checked it)."""
-    from django_venturi.models import PeriodicTick
-
-    PeriodicTick.objects.using(alias).update_or_create(
-        kind=kind,
-        defaults={"tick": tick, "job_id": job_id, "handled_at": database_time(alias)},
-    )
-
-
-_ENQUEUE_TICK_SQL = """
-    WITH new_job AS (
-        -- The job's id, drawn first, so the tick's row can name the job it inserts.
-        SELECT nextval(pg_get_serial_sequence(%s, 'id')) AS id
-    ), recorded AS (
-        -- Record the tick only if it is later than the kind's recorded one: the row
-        -- outlives the job, so a tick whose job was cleaned up is not enqueued again.
-        -- A worker recording the same tick at the same moment waits for this row's
-        -- lock, then finds the tick no longer later: nothing to do.
-        INSERT INTO {ticks} AS latest (kind, tick, job_id, handled_at)
-        SELECT %s, %s, id, now() FROM new_job
-        ON CONFLICT (kind) DO UPDATE
-            SET tick = excluded.tick, job_id = excluded.job_id, handled_at = excluded.handled_at
-            WHERE latest.tick < excluded.tick
-        RETURNING job_id
-    ), inserted AS (
-        -- The job, only if the tick was recorded. A ready job of the task's dedup key
-        -- in the way, or the tick's job from before ticks were recorded: no insert.
-        INSERT INTO {jobs}
-            (id, kind, queue, priority, state, payload, dedup_key, attempt, failures,
-             run_at, enqueued_at, claimed_by, last_error, periodic_tick)
-        SELECT job_id, %s, %s, %s, %s, %s::jsonb, %s, 0, 0, %s, now(), '', '', %s
-        FROM recorded
-        ON CONFLICT DO NOTHING
-        RETURNING id, queue
-    )
-    SELECT recorded.job_id, inserted.id,
-           CASE WHEN inserted.id IS NOT NULL THEN pg_notify(%s, inserted.queue) END
-    FROM recorded LEFT JOIN inserted ON true
-"""
-
-_HOLDER_SQL = """
-    UPDATE {ticks} SET job_id = (
-        SELECT id FROM {jobs} WHERE kind = %s AND periodic_tick = %s
-    )
-    WHERE kind = %s
-"""
-
-_SKIP_TICK_SQL = """
-    INSERT INTO {ticks} AS latest (kind, tick, job_id, handled_at)
-    VALUES (%s, %s, NULL, now())
-    ON CONFLICT (kind) DO UPDATE
-        SET tick = excluded.tick, job_id = NULL, handled_at = excluded.handled_at
-        WHERE latest.tick < excluded.tick
-    RETURNING kind
-"""
-
-
-class Scheduler:
-    """A worker's scheduler passes: enqueue the latest tick of each schedule, once.
-
-    The database decides (`PeriodicTick`, one row per kind); what this process
-    remembers only saves it a statement for a tick it already handled.
-    """
-
-    def __init__(self, alias: str) -> None:
-        self.alias = alias
-        self._handled: dict[str, datetime] = {}
-        """The latest tick of each kind this process saw handled (enqueued or skipped)."""
-
-    @property
-    def interval(self) -> float:
-        return venturi_settings.PERIODIC_INTERVAL.total_seconds()
-
-    def run_pass(self, now: datetime | None = None) -> list[int]:
-        """Enqueue the ticks that came due; return the ids of the jobs this pass created."""
-        try:
-            found = schedules()
-        except ScheduleError as error:
-            logger.error("periodic schedules are invalid, none runs: %s", error)
-            return []
-        if not found:
-            return []
-        now = now or database_time(self.alias)
-        created: list[int] = []
-        failed: list[Exception] = []
-        for schedule in found:
-            tick = schedule.latest_tick(now)
-            if tick is None:
-                continue
-            # As an instant: the two passes of a repeated hour have the same clock time,
-            # and datetimes of one zone compare (and subtract) by clock time.
-            instant = tick.astimezone(UTC)
-            if self._handled.get(schedule.kind) == instant:
-                continue
-            try:
-                job_id = self._handle(schedule, tick, now)
-            except (UnknownKind, TypeError, ValueError) as error:
-                # A bad schedule must not stop the worker: `manage.py check` names it.
-                self._handled[schedule.kind] = instant
-                logger.error("periodic %s (%s): %s", schedule.kind, schedule.origin, error)
-                continue
-            except Exception as error:
-                # The database refused the insert (a lock, a deadlock, a lost connection,
-                # a trigger): the tick stays unhandled, the next pass tries it again, and
-                # the other schedules go on.
-                logger.warning(
-                    "periodic %s: enqueueing tick %s failed (%s: %s); trying again next pass",
-                    schedule.kind,
-                    tick.isoformat(),
-                    type(error).__name__,
-                    error,
-                    extra={"kind": schedule.kind},
-                )
-                failed.append(error)
-                continue
-            self._handled[schedule.kind] = instant
-            if job_id is not None:
-                created.append(job_id)
-        if failed and isinstance(failed[-1], DATABASE_ERRORS):
-            raise failed[-1]  # the caller learns of a lost database and waits it out
-        return created
-
-    def _handle(self, schedule: Schedule, tick: datetime, now: datetime) -> int | None:
-        """Enqueue the tick, or record it skipped if it was missed by more than the
-        catch-up; return the id of the job this created, if it did."""
-        instant = tick.astimezone(UTC)
-        catch_up = venturi_settings.PERIODIC_CATCH_UP
-        extra = {"kind": schedule.kind}
-        if catch_up is not None and now - instant > catch_up:
-            if skip_tick(self.alias, schedule.kind, instant):
-                logger.info(
-                    "periodic %s: tick %s missed by more than %s; skipped",
-                    schedule.kind,
-                    tick.isoformat(),
-                    catch_up,
-                    extra=extra,
-                )
-            return None
-        job_id = enqueue_tick(self.alias, schedule, instant)
-        if job_id is not None:
-            logger.info(
-                "periodic %s: enqueued job %d for tick %s",
-                schedule.kind,
-                job_id,
-                tick.isoformat(),
-                extra={**extra, "job_id": job_id},
-            )
-        return job_id

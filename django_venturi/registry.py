@@ -10,10 +10,10 @@ from typing import Any
 
 from django.apps import apps
 
-from django_venturi import codec
-from django_venturi.backoff import Fibonacci
-from django_venturi.rate_limits import RateLimit
+from django_venturi.payloads import codec
 from django_venturi.states import Priority
+from django_venturi.store.backoff import Fibonacci
+from django_venturi.store.rate_limits import RateLimit
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
 """What a kind or queue name is made of; the whole name must match (`fullmatch`)."""

@@ -10,10 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from django_venturi.backoff import Fibonacci
 from django_venturi.conf import venturi_settings
-from django_venturi.dependencies import AfterFailure, check_after_failure, dependency_ids
-from django_venturi.rate_limits import RateLimit
 from django_venturi.registry import (
     MAX_KIND_LENGTH,
     MAX_QUEUE_LENGTH,
@@ -25,6 +22,9 @@ from django_venturi.registry import (
     validate_name,
 )
 from django_venturi.states import Priority
+from django_venturi.store.backoff import Fibonacci
+from django_venturi.store.dependencies import AfterFailure, check_after_failure, dependency_ids
+from django_venturi.store.rate_limits import RateLimit
 
 if TYPE_CHECKING:
     from django_venturi.models import Job
@@ -68,7 +68,7 @@ class Task:
             after_failure=after_failure,
         )
         if venturi_settings.TESTING_EAGER:
-            from django_venturi.inline import run_enqueued
+            from django_venturi.worker.inline import run_enqueued
 
             run_enqueued([job])
         return job

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from django_venturi.inline import INLINE_WORKER, Ran, execute
+from django_venturi.worker.inline import INLINE_WORKER, Ran, execute
 
 T = TypeVar("T")
 
@@ -70,7 +70,7 @@ def drain(
     enqueue are run too when they are due; a retry waits for its backoff, so it
     is not due yet (use a zero backoff in tests to see retries run).
     """
-    from django_venturi import statements
+    from django_venturi.store import statements
 
     alias = _alias(using)
     try:
@@ -84,10 +84,10 @@ def drain(
 def _drain(
     alias: str, kinds: Sequence[str | type] | None, queues: Sequence[str] | None, limit: int
 ) -> list[Ran]:
-    from django_venturi.claim import ClaimRequest, claim
     from django_venturi.conf import venturi_settings
     from django_venturi.registry import registry
-    from django_venturi.scheduling import TierClock
+    from django_venturi.store.claim import ClaimRequest, claim
+    from django_venturi.store.scheduling import TierClock
 
     wanted = registry.kinds() if kinds is None else [_kind_name(kind) for kind in kinds]
     clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from django_venturi.dependencies import AfterFailure, check_after_failure
+from django_venturi.store.dependencies import AfterFailure, check_after_failure
 
 if TYPE_CHECKING:
     from django_venturi.models import Job
@@ -71,7 +71,7 @@ def _run_if_eager(jobs: list[Job]) -> None:
     from django_venturi.conf import venturi_settings
 
     if venturi_settings.TESTING_EAGER:
-        from django_venturi.inline import run_enqueued
+        from django_venturi.worker.inline import run_enqueued
 
         run_enqueued(jobs)
 

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import admin as venturi_admin
+from django_venturi.admin import jobs as venturi_admin
 from django_venturi.models import Job, JournalEntry, WorkerProcess
 from tests.conftest import ROOT
 from tests.testapp import dedup_tasks, tasks

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import django_venturi as venturi
-from django_venturi.inline import execute
 from django_venturi.models import Job, JournalEntry
 from django_venturi.testing import drain
+from django_venturi.worker.inline import execute
 from tests.conftest import Workers, wait_until
 from tests.test_crashes import claim_one, stop_outside_transactions
 from tests.testapp.models import Record

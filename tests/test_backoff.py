@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_venturi.backoff import (
+from django_venturi.store.backoff import (
     MAX_DELAY,
     Fibonacci,
     clamp_delay,

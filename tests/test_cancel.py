@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 
 import django_venturi as venturi
-from django_venturi import verdicts
-from django_venturi.claim import ClaimedJob
-from django_venturi.completion import write_verdicts
 from django_venturi.models import Job
+from django_venturi.store import verdicts
+from django_venturi.store.claim import ClaimedJob
+from django_venturi.store.completion import write_verdicts
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.control_tasks import Cancellable

@@ -10,12 +10,12 @@ import pytest
 from django.db import connection, connections
 
 import django_venturi as venturi
-from django_venturi import completion, leases, verdicts
-from django_venturi.claim import ClaimRequest, claim
-from django_venturi.clock import now_expression
 from django_venturi.models import Job
 from django_venturi.registry import registry
-from django_venturi.scheduling import TierClock
+from django_venturi.store import completion, leases, verdicts
+from django_venturi.store.claim import ClaimRequest, claim
+from django_venturi.store.clock import now_expression
+from django_venturi.store.scheduling import TierClock
 from tests.testapp.tasks import Noop
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
@@ -156,7 +156,7 @@ def test_the_claim_uses_the_partial_index_on_a_fresh_backlog() -> None:
         )
     import uuid
 
-    from django_venturi.claim import postgresql_statement
+    from django_venturi.store.claim import postgresql_statement
 
     sql, params = postgresql_statement(
         "default", request(limit=100), TierClock((6, 3, 1)), uuid.uuid4()

@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 import django_venturi as venturi
-from django_venturi import codec
-from django_venturi.codec import PayloadError
+from django_venturi.payloads import codec
+from django_venturi.payloads.codec import PayloadError
 from tests.testapp.tasks import Address, AllTypes, Colour
 
 

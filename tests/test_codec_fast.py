@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from django_venturi import codec
+from django_venturi.payloads import codec
 from tests.test_codec import full_payload
 from tests.testapp.tasks import Address, AllTypes
 

@@ -9,11 +9,11 @@ import pytest
 from django.db import connections, transaction
 
 import django_venturi as venturi
-from django_venturi import retention, verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
-from django_venturi.scheduling import TierClock
+from django_venturi.store import retention, verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.scheduling import TierClock
 from tests.testapp.dedup_tasks import Recompute
 from tests.testapp.tasks import Noop
 

@@ -25,14 +25,14 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import leases, verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.completion import write_verdicts
 from django_venturi.conf import venturi_settings
-from django_venturi.listener import connection_params
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
-from django_venturi.scheduling import TierClock
+from django_venturi.store import leases, verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.connections import connection_params
+from django_venturi.store.scheduling import TierClock
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Record

@@ -26,9 +26,9 @@ import pytest
 from django.db import connections
 
 import django_venturi as venturi
-from django_venturi.listener import connection_params
 from django_venturi.models import Job, JournalEntry
-from django_venturi.worker import Worker
+from django_venturi.store.connections import connection_params
+from django_venturi.worker.process import Worker
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Record

@@ -16,12 +16,12 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.completion import write_verdicts
 from django_venturi.models import Job
-from django_venturi.scheduling import TierClock
 from django_venturi.states import LIVE_STATES
+from django_venturi.store import verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.scheduling import TierClock
 from tests.conftest import ROOT, wait_until, worker_env
 from tests.testapp import dedup_tasks
 from tests.testapp.dedup_tasks import BadKey, Decides, Latest, Once, PausingRecompute, Recompute
@@ -466,7 +466,7 @@ def test_a_merge_that_hits_a_database_error_while_absorbing_spoils_nothing(
 
 
 def test_a_lost_lease_with_a_follow_up_is_recovered(alias: str) -> None:
-    from django_venturi.leases import recover_expired
+    from django_venturi.store.leases import recover_expired
 
     running, _ = follow_up_behind_a_running_job(alias)
     Job.objects.using(alias).filter(pk=running.id).update(
@@ -486,7 +486,7 @@ def test_a_late_verdict_of_a_reclaimed_job_does_not_fold(alias: str) -> None:
 
 def test_a_returning_job_asked_to_cancel_leaves_its_follow_up_ready(alias: str) -> None:
     """Issue 15: the cancelled job used to absorb its follow-up, and the follow-up was lost."""
-    from django_venturi.leases import recover_expired
+    from django_venturi.store.leases import recover_expired
 
     for outcome in ["lease_expired", "paused", "retry", "released"]:
         running, follow_up = follow_up_behind_a_running_job(alias)

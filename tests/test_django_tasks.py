@@ -28,10 +28,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import backend_runner, frameworks
-from django_venturi.claim import ClaimRequest, claim, postgresql_statement
 from django_venturi.models import Job, JournalEntry
-from django_venturi.scheduling import TierClock
+from django_venturi.store.claim import ClaimRequest, claim, postgresql_statement
+from django_venturi.store.scheduling import TierClock
+from django_venturi.tasks_backend import frameworks, runner
 from tests.conftest import Workers, wait_until
 from tests.test_run_times import assert_sequential
 from tests.test_tampering import tripwire  # noqa: F401 - the fixture
@@ -328,7 +328,7 @@ def test_a_worker_claims_tasks_jobs_only_when_tasks_names_the_backend(tasks: Mod
         worker="w", limit=10, kinds=["tests.noop"], leases=[timedelta(minutes=5)], queues=None
     )
     assert claim("default", request, TierClock((6, 3, 1))) == []
-    from django_venturi.backend_runner import claimable_prefix
+    from django_venturi.tasks_backend.runner import claimable_prefix
 
     assert claimable_prefix() == "tasks:"
     with override_settings(TASKS={"default": {"BACKEND": "somewhere.else.Backend"}}):
@@ -488,7 +488,7 @@ def test_the_exception_handler_of_task_finished_keeps_the_traceback_and_no_cycle
     seen: list[Any] = []
     gc.disable()
     try:
-        backend_runner._in_handler_of(error, lambda: seen.append(sys.exc_info()))
+        runner._in_handler_of(error, lambda: seen.append(sys.exc_info()))
         assert seen == [(Boom, error, traceback)]
         assert error.__traceback__ is traceback and error.__context__ is None
         freed = weakref.ref(error)
@@ -588,7 +588,10 @@ def test_a_rotated_secret_key_runs_jobs_signed_with_a_key_in_its_fallbacks(
     workers.burst("default")
     job = Job.objects.get(pk=int(forgotten.id))
     (entry,) = JournalEntry.objects.filter(job=job)
-    assert (job.state, entry.error_type) == ("failed", "django_venturi.frameworks.UnrunnableTask")
+    assert (job.state, entry.error_type) == (
+        "failed",
+        "django_venturi.tasks_backend.frameworks.UnrunnableTask",
+    )
     assert "the job's signature of it is not valid" in entry.error_message
     assert "SECRET_KEY_FALLBACKS" in entry.error_message
     assert job.payload["args"] == ["forgotten"]
@@ -645,7 +648,7 @@ def test_tasks_jobs_show_in_history_and_stats_and_cancel_maps_to_failed(
     waiting.refresh()
     assert waiting.status == framework.status.FAILED and waiting.finished_at is not None
     (error,) = waiting.errors
-    assert error.exception_class_path == "django_venturi.frameworks.TaskCancelled"
+    assert error.exception_class_path == "django_venturi.tasks_backend.frameworks.TaskCancelled"
     assert error.exception_class is frameworks.TaskCancelled
 
 
@@ -773,7 +776,9 @@ def test_tampered_tasks_jobs_never_call_anything_but_a_declared_task(
         job = Job.objects.get(pk=job_id)
         (entry,) = JournalEntry.objects.filter(job_id=job_id)
         assert (job.state, entry.outcome) == ("failed", "failed"), job.kind
-        assert entry.error_type == "django_venturi.frameworks.UnrunnableTask", job.kind
+        assert entry.error_type == "django_venturi.tasks_backend.frameworks.UnrunnableTask", (
+            job.kind
+        )
         assert reason in entry.error_message, (job.kind, entry.error_message)
     fine.refresh()
     assert fine.status == framework.status.SUCCESSFUL

@@ -29,12 +29,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import frameworks
 from django_venturi.checks import check_periodic
 from django_venturi.models import Job
-from django_venturi.periodic import Scheduler, _declared, schedules
+from django_venturi.periodic import _declared, schedules
 from django_venturi.signals import job_finished
-from django_venturi.worker import Worker
+from django_venturi.tasks_backend import frameworks
+from django_venturi.worker.process import Worker
+from django_venturi.worker.scheduler import Scheduler
 from docs.examples import (
     admin_groups,
     dedup,
@@ -554,7 +555,7 @@ def test_admin_groups_give_each_page_and_action_its_permission() -> None:
     reason="no Tasks framework: Django 5.2 without the django-tasks backport",
 )
 def test_django_tasks_enqueue_run_and_read_back(workers: Workers) -> None:
-    from django_venturi.backend import check_tasks_setting
+    from django_venturi.tasks_backend.backend import check_tasks_setting
     from docs.examples import django_tasks as example
 
     # Django 6 takes its own framework; Django 5.2 the backport, installed by the `test` extra.

@@ -53,9 +53,9 @@ from django.utils import timezone
 
 import django_venturi as venturi
 from django_venturi.conf import venturi_settings
-from django_venturi.listener import connection_params
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import FINISHED_STATES
+from django_venturi.store.connections import connection_params
 from tests.conftest import ROOT, Workers, worker_env
 from tests.database import postgres_url
 from tests.injection import (

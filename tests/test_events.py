@@ -9,7 +9,7 @@ import pytest
 
 import django_venturi as venturi
 from django_venturi import signals
-from django_venturi.worker import Worker
+from django_venturi.worker.process import Worker
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])

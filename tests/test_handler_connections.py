@@ -69,7 +69,7 @@ def test_an_alias_whose_backend_cannot_load_does_not_stop_a_handler_thread(
     process lacks (never used here) is left out instead of failing every run."""
     from django.db.utils import ConnectionHandler
 
-    from django_venturi import reconnect
+    from django_venturi.store import connections as store_connections
 
     handler = ConnectionHandler(
         {
@@ -77,8 +77,8 @@ def test_an_alias_whose_backend_cannot_load_does_not_stop_a_handler_thread(
             "legacy": {"ENGINE": "no_such_driver.backend", "NAME": "x"},
         }
     )
-    monkeypatch.setattr(reconnect, "connections", handler)
-    kept = reconnect.JobConnections()
+    monkeypatch.setattr(store_connections, "connections", handler)
+    kept = store_connections.JobConnections()
     assert [wrapper.alias for wrapper in kept._wrappers] == ["default"]
     kept.before_job()
     kept.after_job()

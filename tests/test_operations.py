@@ -19,17 +19,17 @@ from django.test import Client
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.completion import write_verdicts
-from django_venturi.journal import history
 from django_venturi.models import Job, JournalEntry, RunTally
+from django_venturi.observe.snapshot import stats
 from django_venturi.registry import registry
-from django_venturi.retention import cleanup
-from django_venturi.scheduling import TierClock
-from django_venturi.snapshot import stats
 from django_venturi.states import JournalOutcome
-from django_venturi.worker import Worker
+from django_venturi.store import verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.journal import history
+from django_venturi.store.retention import cleanup
+from django_venturi.store.scheduling import TierClock
+from django_venturi.worker.process import Worker
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])

@@ -17,9 +17,11 @@ from django.test import Client
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import orphan_kinds, registration
 from django_venturi.models import Job, WorkerProcess
-from django_venturi.orphan_kinds import OrphanWatch, can_run, find_orphan_kinds
+from django_venturi.store import registration
+from django_venturi.store.orphan_kinds import can_run, find_orphan_kinds
+from django_venturi.worker import orphan_watch
+from django_venturi.worker.orphan_watch import OrphanWatch
 from tests.conftest import Workers, wait_until, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
@@ -172,18 +174,18 @@ def test_the_watch_warns_once_per_kind_then_again_while_they_wait(
         assert len(said) == 1
         assert "3 due jobs of kind 'shop.SendMail' wait in queue default" in said[0]
         assert "tasks.py" in said[0] and "typo" in said[0]
-        clock.now += orphan_kinds.LOOK_EVERY
+        clock.now += orphan_watch.LOOK_EVERY
         watch.look_if_due()
         assert warnings() == []  # said once; not again until WARN_AGAIN_AFTER
-        clock.now += orphan_kinds.WARN_AGAIN_AFTER
+        clock.now += orphan_watch.WARN_AGAIN_AFTER
         watch.look_if_due()
         assert len(warnings()) == 1
         Job.objects.using(alias).filter(kind="shop.SendMail").delete()
-        clock.now += orphan_kinds.LOOK_EVERY
+        clock.now += orphan_watch.LOOK_EVERY
         watch.look_if_due()
         assert warnings() == []
         waiting(alias, "shop.SendMail")  # back: said at once
-        clock.now += orphan_kinds.LOOK_EVERY
+        clock.now += orphan_watch.LOOK_EVERY
         watch.look_if_due()
         assert len(warnings()) == 1
 

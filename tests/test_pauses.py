@@ -12,10 +12,10 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 import django_venturi as venturi
-from django_venturi.claim import ClaimRequest, claim
 from django_venturi.models import Job, Pause, WorkerProcess
 from django_venturi.registry import registry
-from django_venturi.scheduling import TierClock
+from django_venturi.store.claim import ClaimRequest, claim
+from django_venturi.store.scheduling import TierClock
 from tests.conftest import Workers, wait_until
 from tests.test_admin import staff
 from tests.testapp.flow_tasks import Held

@@ -18,9 +18,10 @@ from django.test import Client, override_settings
 import django_venturi as venturi
 from django_venturi.checks import check_periodic
 from django_venturi.models import Job, PeriodicTick
-from django_venturi.periodic import Schedule, ScheduleError, Scheduler, _declared, schedules
+from django_venturi.periodic import Schedule, ScheduleError, _declared, schedules
 from django_venturi.registry import RegistrationError, registry
-from django_venturi.retention import cleanup
+from django_venturi.store.retention import cleanup
+from django_venturi.worker.scheduler import Scheduler
 from tests.conftest import Workers, wait_until
 from tests.testapp.models import Record
 

@@ -38,14 +38,15 @@ from django.test import override_settings
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import statements, sweeper, verdicts
 from django_venturi.checks import check_listen_connection
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.completion import write_verdicts
-from django_venturi.listener import connection_params
 from django_venturi.models import Job, JournalEntry
-from django_venturi.scheduling import TierClock
 from django_venturi.states import LIVE_STATES
+from django_venturi.store import statements, verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.connections import connection_params
+from django_venturi.store.scheduling import TierClock
+from django_venturi.worker.process import sweeper
 from tests.conftest import Workers, wait_until
 from tests.testapp.control_tasks import Cancellable
 from tests.testapp.dedup_tasks import PausingRecompute, Recompute

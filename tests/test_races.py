@@ -19,13 +19,13 @@ import pytest
 from django.db import connections, transaction
 
 import django_venturi as venturi
-from django_venturi import verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.completion import write_verdicts
-from django_venturi.leases import recover_expired
 from django_venturi.models import Job
-from django_venturi.retry import retry_now
-from django_venturi.scheduling import TierClock
+from django_venturi.store import verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.leases import recover_expired
+from django_venturi.store.retry import retry_now
+from django_venturi.store.scheduling import TierClock
 from tests.conftest import wait_until
 from tests.testapp.tasks import Noop
 

@@ -14,18 +14,18 @@ from django.db import connections
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import completion, rate_starts, verdicts
-from django_venturi.claim import (
+from django_venturi.models import Job, RateStart
+from django_venturi.registry import RegistrationError, registry
+from django_venturi.store import completion, rate_starts, verdicts
+from django_venturi.store.claim import (
     ClaimedJob,
     ClaimRequest,
     KindLimit,
     claim,
     seconds_until_next_due,
 )
-from django_venturi.models import Job, RateStart
-from django_venturi.rate_limits import RateLimit, RateRule, key_value, next_opening
-from django_venturi.registry import RegistrationError, registry
-from django_venturi.scheduling import TierClock
+from django_venturi.store.rate_limits import RateLimit, RateRule, key_value, next_opening
+from django_venturi.store.scheduling import TierClock
 from tests.conftest import Workers, wait_until
 from tests.testapp.flow_tasks import (
     Rated,

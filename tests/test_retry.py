@@ -9,13 +9,13 @@ import pytest
 from django.db import IntegrityError, connections
 
 import django_venturi as venturi
-from django_venturi import verdicts
-from django_venturi.claim import ClaimRequest, claim
-from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
-from django_venturi.retry import retry_now
-from django_venturi.scheduling import TierClock
+from django_venturi.store import verdicts
+from django_venturi.store.claim import ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.retry import retry_now
+from django_venturi.store.scheduling import TierClock
 from tests.testapp.dedup_tasks import Once
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_venturi.claim import ClaimedJob
-from django_venturi.execution import Execution
-from django_venturi.runs import Runs
+from django_venturi.store.claim import ClaimedJob
+from django_venturi.worker.execution import Execution
+from django_venturi.worker.runs import Runs
 
 
 def run_of(job_id: int, token: uuid.UUID | None = None) -> Execution:
@@ -78,7 +78,7 @@ def test_runs_are_found_by_job_for_a_cancel_request() -> None:
 
 
 def test_a_worker_name_the_database_cannot_store_is_refused() -> None:
-    from django_venturi.worker import Worker
+    from django_venturi.worker.process import Worker
 
     for name, says in (("w\x00", "NUL"), ("w" * 201, "201 characters"), ("\udc80", "U+DC80")):
         with pytest.raises(ValueError, match=re.escape(says)):

@@ -12,7 +12,7 @@ import pytest
 
 import django_venturi as venturi
 from django_venturi.models import Job
-from django_venturi.worker import Worker
+from django_venturi.worker.process import Worker
 from tests.conftest import ROOT, Workers, wait_until, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -161,7 +161,7 @@ SIGNAL_WHILE_THE_LOOP_HOLDS_ITS_EVENT = """
 import os, signal, sys, time
 import django
 django.setup()
-from django_venturi.worker import Worker
+from django_venturi.worker.process import Worker
 
 worker = Worker(concurrency=1)
 restore = worker.install_signal_handlers()

@@ -42,14 +42,14 @@ from hypothesis.stateful import (
 )
 
 import django_venturi as venturi
-from django_venturi import leases, verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.clock import database_time
-from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
-from django_venturi.retry import retry_now
-from django_venturi.scheduling import TierClock
+from django_venturi.store import leases, verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.clock import database_time
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.retry import retry_now
+from django_venturi.store.scheduling import TierClock
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 

@@ -10,13 +10,19 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import django_venturi as venturi
-from django_venturi import statements, verdicts
 from django_venturi import testing as venturi_testing
-from django_venturi.claim import ClaimedJob, ClaimRequest, KindLimit, claim, prime_claim_session
-from django_venturi.completion import write_verdicts
 from django_venturi.models import Job, JournalEntry
 from django_venturi.registry import registry
-from django_venturi.scheduling import TierClock
+from django_venturi.store import statements, verdicts
+from django_venturi.store.claim import (
+    ClaimedJob,
+    ClaimRequest,
+    KindLimit,
+    claim,
+    prime_claim_session,
+)
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.scheduling import TierClock
 from tests.testapp.tasks import Noop
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])

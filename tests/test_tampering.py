@@ -23,8 +23,8 @@ from django.db import transaction
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi.codec import encode
 from django_venturi.models import Job, JournalEntry
+from django_venturi.payloads.codec import encode
 from tests.conftest import Workers, wait_until, worker_env
 from tests.test_codec import full_payload
 from tests.testapp import tasks
@@ -170,7 +170,7 @@ def test_tampered_rows_never_make_the_worker_import_or_call_anything(
         assert row.state == venturi.State.FAILED and row.attempt == 1, name
         (entry,) = JournalEntry.objects.using(alias).filter(job_id=job_id)
         assert entry.outcome == "failed", name
-        assert entry.error_type == "django_venturi.codec.PayloadError", name
+        assert entry.error_type == "django_venturi.payloads.codec.PayloadError", name
         assert "the stored payload does not fit tests.testapp.tasks." in entry.error_message, name
         assert reason in entry.error_message, (name, entry.error_message)
         assert entry.error_message in row.last_error, name

@@ -12,9 +12,9 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_venturi import telemetry
 from django_venturi.checks import check_settings
-from django_venturi.worker import Worker
+from django_venturi.observe import telemetry
+from django_venturi.worker.process import Worker
 from tests.conftest import ROOT, worker_env
 from tests.testapp import tasks
 
@@ -25,7 +25,7 @@ import sys
 import django
 django.setup()
 import django_venturi.admin
-from django_venturi.worker import Worker
+from django_venturi.worker.process import Worker
 from tests.testapp import tasks
 tasks.Noop(n=1).enqueue(using=sys.argv[1])
 Worker(burst=True, database=sys.argv[1], concurrency=2).run()
@@ -131,7 +131,7 @@ from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 from django_venturi.models import WorkerProcess
-from django_venturi.worker import Worker
+from django_venturi.worker.process import Worker
 with override_settings(VENTURI={**settings.VENTURI, "METRICS": True}):
     print("checks:", [m.id for m in checks.run_checks() if m.id.startswith("venturi.")])
     try:

@@ -26,13 +26,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import django_venturi as venturi
-from django_venturi import text
-from django_venturi.backoff import MAX_DELAY
-from django_venturi.codec import MAX_INT_DIGITS
 from django_venturi.context import Flag
 from django_venturi.models import Job, JournalEntry
+from django_venturi.payloads import text
+from django_venturi.payloads.codec import MAX_INT_DIGITS
 from django_venturi.registry import RegistrationError
-from django_venturi.verdicts import ErrorInfo
+from django_venturi.store.backoff import MAX_DELAY
+from django_venturi.store.verdicts import ErrorInfo
 from tests.conftest import Workers
 from tests.testapp import text_tasks
 from tests.testapp.text_tasks import HOWS, SAMPLES, STORABLE, AsyncSays, Echo, Says
@@ -318,7 +318,7 @@ def check_says(alias: str, how: str, sample: str, job: Job) -> None:
     elif how == "carry" and sample in REFUSED:
         assert job.state == venturi.State.FAILED, where
         assert entry.outcome == "failed", where
-        assert entry.error_type == "django_venturi.codec.UnstorableValue", where
+        assert entry.error_type == "django_venturi.payloads.codec.UnstorableValue", where
         assert "Says.carry['text']: contains" in job.last_error, where
     elif how == "carry":
         assert job.state == venturi.State.COMPLETED, where
@@ -350,7 +350,7 @@ FRAMEWORK_MODULES = {
 
 
 def installed_tasks_module() -> ModuleType:
-    from django_venturi import frameworks
+    from django_venturi.tasks_backend import frameworks
 
     for framework in frameworks.available():
         return importlib.import_module(FRAMEWORK_MODULES[framework.name])

@@ -17,7 +17,8 @@ from django.db import connections
 
 import django_venturi as venturi
 from django_venturi.models import Job, WorkerProcess
-from django_venturi.wake_order import HAND_ON_INTERVAL, Call, Peer, WakeOrder
+from django_venturi.store.registration import Peer
+from django_venturi.worker.wake_order import HAND_ON_INTERVAL, Call, WakeOrder
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Record

@@ -17,9 +17,9 @@ from django.db import connections, transaction
 from django.db.models import OuterRef, Subquery
 
 import django_venturi as venturi
-from django_venturi import leases
-from django_venturi.clock import database_time, now_expression
 from django_venturi.models import Job, JournalEntry, WorkerProcess
+from django_venturi.store import leases
+from django_venturi.store.clock import database_time, now_expression
 from tests.conftest import Workers, wait_until, worker_env
 from tests.testapp import tasks
 from tests.testapp.hardening_tasks import HeldKey

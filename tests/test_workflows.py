@@ -15,16 +15,16 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi import dependencies, verdicts
-from django_venturi.claim import ClaimedJob, ClaimRequest, claim
-from django_venturi.completion import write_verdicts
-from django_venturi.dependencies import DEPENDENCY_FAILED
 from django_venturi.models import Dependency, Job, JournalEntry
 from django_venturi.registry import registry
-from django_venturi.retention import cleanup, delete_jobs
-from django_venturi.scheduling import TierClock
+from django_venturi.store import dependencies, verdicts
+from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.completion import write_verdicts
+from django_venturi.store.dependencies import DEPENDENCY_FAILED
+from django_venturi.store.retention import cleanup, delete_jobs
+from django_venturi.store.scheduling import TierClock
+from django_venturi.store.verdicts import ErrorInfo
 from django_venturi.testing import drain, eager
-from django_venturi.verdicts import ErrorInfo
 from tests.conftest import Workers, wait_until
 from tests.testapp.dedup_tasks import Latest, Recompute
 from tests.testapp.models import Record

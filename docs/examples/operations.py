@@ -10,7 +10,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi.retention import CleanupResult
+from django_venturi.store.retention import CleanupResult
 
 
 # [history]

@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_venturi.conf import as_age
 from django_venturi.management.commands.venturi_worker import positive_int
-from django_venturi.retention import DEFAULT_BATCH_SIZE, CleanupResult, cleanup
 from django_venturi.states import FINISHED_STATES, State
+from django_venturi.store.retention import DEFAULT_BATCH_SIZE, CleanupResult, cleanup
 
 
 def age(text: str) -> timedelta:

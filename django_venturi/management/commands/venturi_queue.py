@@ -19,8 +19,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_venturi.management.commands.venturi_worker import default_queues
-from django_venturi.pauses import API, pause, paused, resume
 from django_venturi.registry import registry
+from django_venturi.store.pauses import API, pause, paused, resume
 
 ACTIONS = ("pause", "resume", "list")
 

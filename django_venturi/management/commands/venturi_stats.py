@@ -19,8 +19,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_venturi.management.commands.venturi_worker import positive_seconds
-from django_venturi.orphan_kinds import OrphanKind
-from django_venturi.snapshot import Stats, stats
+from django_venturi.observe.snapshot import Stats, stats
+from django_venturi.store.orphan_kinds import OrphanKind
 
 ORPHAN_CAUSES = (
     "its task is in a module venturi does not import (an app's tasks.py or "

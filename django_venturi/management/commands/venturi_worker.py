@@ -19,8 +19,8 @@ from django_venturi.checks import sqlite_transaction_mode_errors
 from django_venturi.conf import venturi_settings
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
-from django_venturi.worker import Worker, WorkerFailed
-from django_venturi.worker_log import stderr_handler
+from django_venturi.worker.log import stderr_handler
+from django_venturi.worker.process import Worker, WorkerFailed
 
 
 def positive_int(text: str) -> int:
@@ -246,7 +246,7 @@ def default_queues() -> set[str]:
         return queues
     # Here, not at the top: the backend loads the Tasks frameworks installed, which a
     # worker of a project without TASKS never needs (start-up time).
-    from django_venturi.backend import is_venturi_backend
+    from django_venturi.tasks_backend.backend import is_venturi_backend
 
     for entry in tasks.values():
         if isinstance(entry, dict) and is_venturi_backend(entry.get("BACKEND")):

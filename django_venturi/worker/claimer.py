@@ -1,0 +1,331 @@
+"""The claim loop: claims due jobs into free handler slots, recovers expired leases
+and the dependents a killed worker left waiting, and runs the periodic scheduler.
+It runs in the worker's main thread.
+
+Each step goes through `DatabaseHealth.guarded`: a lost database, a deadlock,
+a refused statement or a bug in one step is logged, and the loop goes on after
+a short delay. The loop ends when the worker is asked to stop, when a burst
+worker finds nothing more to do, or when the supervisor saw a service die.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from django_venturi.conf import venturi_settings
+from django_venturi.registry import registry
+from django_venturi.states import State
+from django_venturi.store import dependencies, leases
+from django_venturi.store.claim import (
+    ClaimedJob,
+    ClaimRequest,
+    KindLimit,
+    claim,
+    prime_claim_session,
+    seconds_until_next_due,
+    upcoming,
+)
+from django_venturi.store.notify import wake_workers
+from django_venturi.store.rate_limits import RateRule
+from django_venturi.store.scheduling import TierClock
+from django_venturi.store.verdicts import Verdict
+from django_venturi.worker.execution import Execution
+from django_venturi.worker.handlers import Handlers
+from django_venturi.worker.pause_watch import PauseWatch
+from django_venturi.worker.runs import Runs
+from django_venturi.worker.scheduler import Scheduler
+from django_venturi.worker.supervision import DatabaseHealth, Streak
+from django_venturi.worker.wake_order import Call, WakeOrder
+
+T = TypeVar("T")
+
+logger = logging.getLogger("django_venturi.worker")
+
+PREFETCH_FACTOR = 2
+"""A worker holds up to this many times `concurrency` jobs: the rest wait in a local
+buffer, so handler threads never wait for a claim round trip."""
+BUFFER_HORIZON = 0.05
+"""Short jobs are claimed further ahead: up to `batch_size` more, as long as the
+buffered jobs wait no more than about this many seconds for a handler slot
+(judged by the recent mean handler duration). Fewer, larger claims per job."""
+UNWRITTEN_ALLOWANCE = 500
+"""Verdicts waiting to be written beyond this many hold claims back."""
+
+
+class Claimer:
+    """The claim loop of one worker."""
+
+    def __init__(
+        self,
+        *,
+        worker: str,
+        alias: str,
+        queues: Sequence[str] | None,
+        batch_size: int,
+        poll_interval: float,
+        burst: bool,
+        kind_concurrency: dict[str, int],
+        tasks_kind_prefix: str | None,
+        runs: Runs,
+        handlers: Handlers,
+        health: DatabaseHealth,
+        stop: threading.Event,
+        wake: threading.Event,
+        make_execution: Callable[[ClaimedJob, float], Execution],
+        service_died: Callable[[], bool],
+        pause_watch: PauseWatch,
+        listening: Callable[[], bool],
+        wake_order: WakeOrder | None = None,
+    ) -> None:
+        self.worker = worker
+        self.alias = alias
+        self.queues = queues
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.burst = burst
+        self.kind_concurrency = kind_concurrency
+        self.tasks_kind_prefix = tasks_kind_prefix
+        self.runs = runs
+        self.handlers = handlers
+        self.health = health
+        self._stop = stop
+        self._wake = wake
+        self._make_execution = make_execution
+        self._service_died = service_died
+        self.pause_watch = pause_watch
+        self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
+        self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
+        self._streak = Streak()
+        self._listening = listening
+        self.wake_order = wake_order
+        self._drained = False
+        """The last claim came back short with no capped or rate-limited kind in it: it
+        took every job that was due."""
+        self._quiet = False
+        """Drained, and new jobs announce themselves (NOTIFY): finishing runs do not wake
+        the loop, nor do writes of verdicts that make no job claimable (each such wake
+        cost an empty claim)."""
+
+    def _guarded(self, action: Callable[[], T], what: str) -> T | None:
+        """A step of the loop; after a failure, wait before the loop goes on."""
+        result = self.health.guarded(action, what=what, streak=self._streak)
+        if result is None and self._streak.count:
+            self._stop.wait(self.health.delay(self._streak.count))
+        return result
+
+    def loop(self) -> None:
+        next_rescue = 0.0
+        scheduler = None if self.burst else Scheduler(self.alias)
+        next_periodic = 0.0 if scheduler is not None else float("inf")
+        while not self._stop.is_set() and not self._service_died():
+            self._wake.clear()
+            calls = self.wake_order.take() if self.wake_order is not None else []
+            if time.monotonic() >= next_rescue:
+                self._guarded(
+                    lambda: leases.recover_expired(self.alias, self.worker),
+                    "recovering expired leases",
+                )
+                self._guarded(self._recover_stranded, "resolving stranded dependents")
+                next_rescue = time.monotonic() + self.rescue_interval
+            if self.pause_watch.due():
+                self._guarded(self.pause_watch.look, "looking for paused queues and kinds")
+            if scheduler is not None and time.monotonic() >= next_periodic:
+                self._guarded(scheduler.run_pass, "the periodic scheduler")
+                next_periodic = time.monotonic() + scheduler.interval
+            capacity = self._capacity()
+            busy, held_back = self._load()
+            free = capacity - busy - held_back
+            # Claim in batches of at least `concurrency` (at least half the local
+            # buffer), not one claim per finished job.
+            threshold = max(self.handlers.concurrency, capacity // 2)
+            request = self._request(free) if free >= threshold else None
+            claimed = None if request is None else self._claim(request)
+            if calls and (request is None or claimed is None or _full(request, claimed)):
+                self._hand_on(calls)  # no room, or more may be due than this claim took
+            if request is not None and claimed is not None and self._after_claim(request, claimed):
+                continue
+            if self.burst and not claimed and self.runs.idle():
+                if self._confirm_nothing_due():
+                    return
+                continue
+            # A finishing run wakes the loop once there is room to claim into again,
+            # unless nothing was due and new jobs will announce themselves.
+            self._quiet = self._drained and held_back == 0 and not self.burst and self._listening()
+            self.handlers.wake_at_busy = -1 if self._quiet else capacity - threshold - held_back
+            if request is None and self.runs.busy() <= self.handlers.wake_at_busy:
+                continue  # runs finished since the room was counted
+            # Nothing due: sleep until the next poll or scheduled job. Otherwise all
+            # slots are busy, and a finishing job wakes the loop.
+            wait = self._idle_wait() if claimed == [] else self.poll_interval
+            # Never sleep past the next recovery sweep, scheduler pass or pause look.
+            next_chore = min(
+                next_rescue, next_periodic, self.pause_watch.next_look, self._next_hand_on()
+            )
+            self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
+
+    def _recover_stranded(self) -> None:
+        """Resolve the dependents of finished jobs whose verdict's worker died before
+        resolving them (see `dependencies.recover_stranded`)."""
+        recovered = dependencies.recover_stranded(self.alias)
+        if recovered:
+            logger.warning(
+                "resolved the dependents of %d finished job(s) left unresolved "
+                "(a worker stopped between a verdict and its resolve): %s",
+                len(recovered),
+                ", ".join(f"#{job_id}" for job_id in recovered),
+                extra={"jobs": recovered},
+            )
+
+    # ------------------------------------------------------------ wake-up calls
+
+    def hand_on_calls(self) -> None:
+        """Hand every call this worker got on to the next workers (it is stopping)."""
+        if self.wake_order is not None:
+            calls = self.wake_order.take()
+            if calls:
+                self._hand_on(calls)
+
+    def _hand_on(self, calls: Sequence[Call]) -> None:
+        """Wake the next workers of the group for calls this worker did not answer."""
+        assert self.wake_order is not None
+        payloads = self.wake_order.hand_on(calls)
+        if payloads:
+            self.health.guarded(
+                lambda: wake_workers(self.alias, payloads), what="calling the next workers"
+            )
+
+    def _next_hand_on(self) -> float:
+        """When a deferred call is to be handed on (`time.monotonic()`), or infinity."""
+        due = None if self.wake_order is None else self.wake_order.next_deferred()
+        return float("inf") if due is None else due
+
+    # ------------------------------------------------------------ claiming
+
+    def _after_claim(self, request: ClaimRequest, claimed: list[ClaimedJob]) -> bool:
+        """Note whether the claim drained what was due; return whether to claim again
+        before waiting: the claim came back full (more may be due), or short with a
+        capped or rate-limited kind in it, which may have taken the places of other
+        kinds' jobs. Short otherwise: nothing more is due now."""
+        full = _full(request, claimed)
+        self._drained = not full and not request.limited
+        return bool(claimed) and (full or request.limited)
+
+    def claim_after(self, written: Sequence[Verdict]) -> bool:
+        """Whether these verdicts, just written, call for a claim: always, unless the loop
+        is quiet and none of them made a job claimable (a requeue, or the verdict of a
+        keyed job, whose follow-up may have waited for it)."""
+        return not self._quiet or any(
+            verdict.state == State.READY or verdict.job.keyed for verdict in written
+        )
+
+    def _claim(self, request: ClaimRequest) -> list[ClaimedJob] | None:
+        def claim_and_dispatch() -> list[ClaimedJob]:
+            jobs = claim(self.alias, request, self._clock)
+            claimed = time.monotonic()
+            for job in jobs:
+                self.handlers.dispatch(self._make_execution(job, claimed))
+            return jobs
+
+        return self._guarded(claim_and_dispatch, "claiming jobs")
+
+    def _request(self, free: int) -> ClaimRequest:
+        kinds = registry.kinds()
+        return ClaimRequest(
+            worker=self.worker,
+            limit=min(free, self.batch_size),
+            kinds=kinds,
+            leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in kinds],
+            queues=self.queues,
+            limits=self._kind_limits(kinds),
+            kind_prefix=self.tasks_kind_prefix,
+            prefix_lease=venturi_settings.DEFAULT_LEASE,
+            rates=self._rates(kinds),
+            rate_room=self.handlers.slots() - self.runs.busy(),
+        )
+
+    @staticmethod
+    def _rates(kinds: Sequence[str]) -> list[RateRule]:
+        rules = []
+        for kind in kinds:
+            limit = registry.get(kind).rate_limit
+            if limit is not None:
+                rules.append(RateRule(kind, limit))
+        return rules
+
+    def _kind_limits(self, kinds: Sequence[str]) -> list[KindLimit]:
+        held = self.runs.held_kinds()
+        limits = []
+        for kind in kinds:
+            global_cap = registry.get(kind).concurrency
+            local_cap = self.kind_concurrency.get(kind)
+            if global_cap is not None or local_cap is not None:
+                local_room = None if local_cap is None else local_cap - held[kind]
+                limits.append(KindLimit(kind, global_cap=global_cap, local_room=local_room))
+        return limits
+
+    def _idle_wait(self) -> float:
+        """Sleep until the next poll, or until a job scheduled sooner than that is due."""
+        request = self._request(1)
+        until_due = self.health.guarded(
+            lambda: seconds_until_next_due(self.alias, request),
+            what="looking for the next due job",
+        )
+        # That look is planned for its values; the lean claim's session comes back
+        # now, while idle, not in the round trips of the next wake-up's claim.
+        self.health.guarded(
+            lambda: prime_claim_session(self.alias, request), what="setting up the claim"
+        )
+        if until_due is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(until_due, 0.005))
+
+    def _capacity(self) -> int:
+        """Jobs held at once: a handler slot each, plus those buffered, claimed ahead.
+
+        At least as many buffered as slots; for short jobs up to `batch_size`, so
+        long as the buffer holds no more than BUFFER_HORIZON seconds of work.
+        """
+        slots = self.handlers.slots()
+        ahead = slots * (PREFETCH_FACTOR - 1)
+        mean = self.handlers.mean_duration
+        if mean is not None:
+            within_horizon = int(slots * BUFFER_HORIZON / max(mean, 1e-6))
+            ahead = max(ahead, min(self.batch_size, within_horizon))
+        return slots + ahead
+
+    def _load(self) -> tuple[int, int]:
+        """Runs in slots and buffer, and how many claims the results writer's lag holds back.
+
+        Verdicts waiting to be written beyond UNWRITTEN_ALLOWANCE hold claims
+        back, so a slow database never lets held jobs (and memory) pile up.
+        """
+        busy, unwritten = self.runs.busy_and_unwritten()
+        return busy, max(0, unwritten - UNWRITTEN_ALLOWANCE)
+
+    def _confirm_nothing_due(self) -> bool:
+        """In burst mode: after the last verdicts are written, is anything due?
+
+        Due jobs held back by a rate limit count: the worker waits for the window
+        to open and runs them (jobs of paused queues and kinds do not count)."""
+        free = self._capacity() - self.runs.busy()
+        claimed = self._claim(self._request(free))
+        if claimed is None or claimed or not self.runs.idle():
+            return False
+        waiting = self._guarded(
+            lambda: upcoming(self.alias, self._request(1)), "looking for rate-limited jobs"
+        )
+        if waiting is None:
+            return False
+        if waiting.rate_opening is not None:
+            self._stop.wait(max(waiting.rate_opening, 0.005))
+            return False
+        return True
+
+
+def _full(request: ClaimRequest, claimed: Sequence[ClaimedJob]) -> bool:
+    """Whether a claim took as many jobs as it asked for: more may be due."""
+    return len(claimed) >= request.limit

@@ -1,0 +1,312 @@
+"""The results writer: one thread that writes the verdicts of a worker's runs.
+
+Verdicts are written in batches (group commit) on the writer's own connection,
+so handlers never wait for the database and heartbeats never wait for
+verdicts. The writer also writes the throttled `ctx.progress()` of running
+jobs.
+
+Nothing a verdict holds may stop the writer. A batch the database refuses
+for a reason other than its absence (a value it cannot store, a constraint, a
+trigger, a deadlock that keeps coming back) is written verdict by verdict, so
+that one bad verdict never blocks the others; a verdict refused on its own is
+replaced by a failed run that says why, and if even that is refused it is left
+for lease recovery (the job runs again: at-least-once). While the database is
+away, the batch waits and is written when it is back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from django import db
+
+from django_venturi import signals
+from django_venturi.states import JournalOutcome
+from django_venturi.store import progress
+from django_venturi.store import verdicts as verdicts_module
+from django_venturi.store.claim import RunKey
+from django_venturi.store.completion import AppliedRun, write_runs
+from django_venturi.store.connections import DATABASE_ERRORS
+from django_venturi.store.verdicts import ErrorInfo, Verdict
+from django_venturi.worker.log import batched_lines
+from django_venturi.worker.run_events import RunEvents
+from django_venturi.worker.runs import Runs
+from django_venturi.worker.supervision import DatabaseHealth, Service, Streak
+
+logger = logging.getLogger("django_venturi.worker")
+
+BATCH = 500
+"""Most verdicts per write."""
+CLOSING_POLL = 0.02
+"""While closing: how often to look whether every held run's verdict has come."""
+TRANSIENT_TRIES = 3
+"""A batch failing this many times in a row with the database up is written one by one;
+a verdict failing alone this many times (a deadlock, a lock timeout) is replaced."""
+
+
+class ResultsWriter(Service):
+    name = "results"
+
+    def __init__(
+        self,
+        *,
+        alias: str,
+        runs: Runs,
+        health: DatabaseHealth,
+        events: RunEvents,
+        force: threading.Event,
+        on_written: Callable[[Sequence[Verdict]], None],
+    ) -> None:
+        super().__init__()
+        self.alias = alias
+        self.runs = runs
+        self.health = health
+        self.events = events
+        self.processed = 0
+        self._force = force
+        self._on_written = on_written
+        self._queue: queue.SimpleQueue[Verdict | None] = queue.SimpleQueue()
+        self._pending: list[Verdict] = []
+        self._closing = False
+        self._streak = Streak()
+        self._transient: dict[RunKey, int] = {}
+        """Runs whose lone write failed with a database error that may pass: how often."""
+
+    # ------------------------------------------------------------ other threads
+
+    def submit(self, verdict: Verdict) -> None:
+        self._queue.put(verdict)
+
+    def close(self) -> None:
+        """End once every run the worker holds has its verdict written (or when forced)."""
+        self._queue.put(None)
+
+    # ------------------------------------------------------------ the loop
+
+    def loop(self) -> None:
+        """Write until closed and every held run's verdict is written (or forced)."""
+        next_progress = time.monotonic() + progress.PROGRESS_INTERVAL
+        while True:
+            if time.monotonic() >= next_progress:
+                self._flush_progress()
+                next_progress = time.monotonic() + progress.PROGRESS_INTERVAL
+            if not self._pending:
+                if self._closing and (self.runs.idle() or self._force.is_set()):
+                    return
+                wait = CLOSING_POLL if self._closing else next_progress - time.monotonic()
+                if not self._take(wait):
+                    continue
+            self._take_waiting()
+            if self._write(self._pending):
+                self._pending = []
+            elif self._closing and self._force.is_set():
+                self._give_up_on_pending()
+            else:
+                time.sleep(self.health.delay(self._streak.count))
+
+    def _take(self, timeout: float) -> bool:
+        """Wait for a verdict; False if none came (or the end marker did)."""
+        try:
+            first = self._queue.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return False
+        if first is None:
+            self._closing = True
+            return False
+        self._pending.append(first)
+        return True
+
+    def _take_waiting(self) -> None:
+        while len(self._pending) < BATCH:
+            try:
+                verdict = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if verdict is None:
+                self._closing = True
+                return
+            self._pending.append(verdict)
+
+    def _give_up_on_pending(self) -> None:
+        logger.error(
+            "worker %s exits without writing %d verdicts: their leases will expire "
+            "and other workers will run those jobs again",
+            self.events.worker,
+            len(self._pending),
+            extra={"worker": self.events.worker},
+        )
+        self.runs.written(verdict.job for verdict in self._pending)
+        self._pending = []
+
+    # ------------------------------------------------------------ writing
+
+    def _write(self, pending: list[Verdict]) -> bool:
+        """Write the batch; False if it must be tried again (the database is away)."""
+        try:
+            applied = write_runs(self.alias, self.events.worker, pending)
+        except Exception as error:
+            self._streak.count += 1
+            self.health.failed(error, what="writing results", repeated=self._streak.count > 1)
+            if self.health.is_down or not self._write_one_by_one_now(error):
+                return False
+            return self._write_each(pending)
+        self._streak.count = 0
+        self.health.back()
+        self._written(pending, applied)
+        return True
+
+    def _write_one_by_one_now(self, error: Exception) -> bool:
+        """A transient error (deadlock, lock timeout) gets a few more tries as a batch."""
+        transient = isinstance(error, DATABASE_ERRORS)
+        return not transient or self._streak.count >= TRANSIENT_TRIES
+
+    def _write_each(self, pending: list[Verdict]) -> bool:
+        """Isolate the verdicts the database refuses; False if any must be tried again."""
+        done: list[Verdict] = []
+        again: list[Verdict] = []
+        applied: set[AppliedRun] = set()
+        for index, verdict in enumerate(pending):
+            try:
+                applied |= self._write_alone(verdict)
+            except DATABASE_ERRORS:
+                if self.health.is_down:
+                    again.extend(pending[index:])
+                    break
+                again.append(verdict)  # transient (a lock, a deadlock): tried again soon
+                continue
+            done.append(verdict)
+        self._written(done, applied)
+        self._pending = again
+        if not again:
+            self._streak.count = 0
+        return not again
+
+    def _write_alone(self, verdict: Verdict) -> set[AppliedRun]:
+        """Write one verdict; replace it by a failed run if the database refuses it.
+
+        Raises a database error that may pass (the database is away, a lock or
+        deadlock that has not yet recurred TRANSIENT_TRIES times for this run).
+        """
+        try:
+            applied = write_runs(self.alias, self.events.worker, [verdict])
+        except Exception as error:
+            if self._may_pass(verdict, error):
+                raise
+            refused = error
+        else:
+            self._transient.pop(verdict.job.run_key, None)
+            return applied
+        self._transient.pop(verdict.job.run_key, None)
+        replacement = unwritable(verdict, refused)
+        logger.error(
+            "job %d: the database refused the verdict of attempt %d (%s: %s); "
+            "writing a failed run instead",
+            verdict.job.id,
+            verdict.job.attempt,
+            type(refused).__name__,
+            refused,
+            extra=self.events.log_extra(verdict.job, JournalOutcome.FAILED),
+        )
+        try:
+            return write_runs(self.alias, self.events.worker, [replacement])
+        except Exception as error:
+            if isinstance(error, DATABASE_ERRORS) and self._database_away(error):
+                raise
+            logger.critical(
+                "job %d: the database refused even a failed run (%s: %s); its lease will "
+                "expire and the job will run again",
+                verdict.job.id,
+                type(error).__name__,
+                error,
+                extra=self.events.log_extra(verdict.job, JournalOutcome.DISCARDED),
+            )
+            return set()
+
+    def _may_pass(self, verdict: Verdict, error: Exception) -> bool:
+        """Whether a failed write is worth trying again rather than replacing the verdict."""
+        if not isinstance(error, DATABASE_ERRORS):
+            db.close_old_connections()
+            return False
+        if self._database_away(error):
+            return True
+        key = verdict.job.run_key
+        self._transient[key] = self._transient.get(key, 0) + 1
+        return self._transient[key] < TRANSIENT_TRIES
+
+    def _database_away(self, error: Exception) -> bool:
+        self.health.failed(error, what="writing a result")
+        return self.health.is_down
+
+    def _written(self, written: Sequence[Verdict], applied: set[AppliedRun]) -> None:
+        """After a write: the log, signals, follow-ups, and the runs are held no more.
+
+        The log records of a batch are made here, in one thread, not by the handler
+        threads: many threads taking turns on a logging handler's lock cost a third
+        of the throughput at the default verbosity."""
+        with batched_lines():
+            for verdict in written:
+                if verdict.outcome != JournalOutcome.RELEASED:  # `Handlers.release` logs those
+                    self.events.verdict(verdict)
+        for verdict in written if self.events.listened(signals.job_finished) else ():
+            was_applied = (verdict.job.id, verdict.job.attempt) in applied
+            self.events.send(
+                signals.job_finished,
+                job_id=verdict.job.id,
+                kind=verdict.job.kind,
+                queue=verdict.job.queue,
+                attempt=verdict.job.attempt,
+                worker=self.events.worker,
+                outcome=verdict.outcome if was_applied else JournalOutcome.DISCARDED,
+                duration=verdict.duration,
+                error_type=verdict.error.type,
+            )
+        for verdict in written:
+            if verdict.after_write is not None:
+                self._after_write(verdict, (verdict.job.id, verdict.job.attempt) in applied)
+        self.runs.written(verdict.job for verdict in written)
+        self.processed += len(written)
+        self._on_written(written)
+
+    def _after_write(self, verdict: Verdict, applied: bool) -> None:
+        """Run a verdict's follow-up (Django Tasks' `task_finished`); log, never raise."""
+        assert verdict.after_write is not None
+        try:
+            verdict.after_write(applied)
+        except Exception:
+            logger.exception(
+                "follow-up of job %d failed",
+                verdict.job.id,
+                extra=self.events.log_extra(verdict.job, verdict.outcome),
+            )
+
+    # ------------------------------------------------------------ progress
+
+    def _flush_progress(self) -> None:
+        """Write the progress that changed since the last flush."""
+        updates = []
+        for execution in self.runs.held():
+            dirty, value = execution.take_progress()
+            if dirty:
+                updates.append((execution.job, value))
+        if updates:
+            self.health.guarded(
+                lambda: progress.write_progress(self.alias, updates),
+                what="writing progress",
+            )
+
+
+def unwritable(verdict: Verdict, error: Exception) -> Verdict:
+    """The failed run that replaces a verdict the database refused."""
+    reason = (
+        f"the worker could not store this run's verdict ({verdict.outcome}): "
+        f"{error!r}"  # repr: no NUL or lone surrogate gets through
+    )
+    failed = verdicts_module.failed(
+        verdict.job, ErrorInfo.from_reason(reason, type="django_venturi.UnwritableVerdict")
+    )
+    return dataclasses.replace(failed, worker=verdict.worker, duration=verdict.duration)
