@@ -156,7 +156,7 @@ def test_the_claim_uses_the_partial_index_on_a_fresh_backlog() -> None:
         )
     import uuid
 
-    from django_venturi.store.claim import postgresql_statement
+    from django_venturi.store.claim_statement import postgresql_statement
 
     sql, params = postgresql_statement(
         "default", request(limit=100), TierClock((6, 3, 1)), uuid.uuid4()

@@ -1,10 +1,10 @@
 """Pausing queues and kinds: workers stop claiming from them, running jobs finish.
 
 A pause is a `Pause` row, so it outlives worker restarts and deploys. Every
-claim reads the rows in its own statement (`claim.py`): once a pause commits,
-no worker anywhere claims from it. Jobs a worker already claimed but has not
-started (its local buffer) are handed back when the worker learns of the pause:
-at once through a NOTIFY on PostgreSQL, within a poll interval elsewhere
+claim reads the rows in its own statement (`claim_statement.py`): once a pause
+commits, no worker anywhere claims from it. Jobs a worker already claimed but
+has not started (its local buffer) are handed back when the worker learns of the
+pause: at once through a NOTIFY on PostgreSQL, within a poll interval elsewhere
 (`worker.py`).
 """
 

@@ -3,9 +3,9 @@ any window of a given length, across every worker and host.
 
 The database keeps the count. Each claim that starts jobs of a limited kind
 writes one `RateStart` row per job, in the claim's own statement, and counts
-the rows inside each limit's window before it chooses (`claim.py`). Claims of
-limited kinds take the claims' advisory lock first, so that no two claims count
-the same window at once: the limit is exact, not approximate.
+the rows inside each limit's window before it chooses (`claim_statement.py`).
+Claims of limited kinds take the claims' advisory lock first, so that no two
+claims count the same window at once: the limit is exact, not approximate.
 
 Just before a limited job's handler starts, its worker moves the recorded
 start to that moment (`rate_starts.py`), so the limit holds as the handlers see

@@ -1,10 +1,11 @@
 """A rate-limited job's start, as its handler sees it.
 
 The claim records each start of a limited kind at the claim's time
-(`claim.py`). The handler starts a little later: a few milliseconds, or more on
-a starved CPU. Just before the handler runs, its worker moves the start to that
-moment (`confirm`), so the window a later claim counts is the one the handlers
-see. That is one statement per start of a limited kind, never for other kinds.
+(`claim_statement.py`). The handler starts a little later: a few milliseconds,
+or more on a starved CPU. Just before the handler runs, its worker moves the
+start to that moment (`confirm`), so the window a later claim counts is the one
+the handlers see. That is one statement per start of a limited kind, never for
+other kinds.
 
 The move must land before any claim could count the start out of its window at
 the claim's time (`per` after it). A handler about to start later than half of

@@ -1,0 +1,234 @@
+"""The claim off PostgreSQL (SQLite): the selection of `claim_statement.py`'s
+statement, made through the ORM inside an IMMEDIATE transaction. That holds the
+database's write lock from its first statement, so claims serialise and count
+each other's running jobs and rate-limited starts.
+
+`claim.py` calls `claim_orm` and `upcoming_orm` when the database is not
+PostgreSQL; `claim_types.py` holds the request and the results.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
+from django.utils import timezone
+
+from django_venturi.models import Job, RateStart
+from django_venturi.states import State
+from django_venturi.store.claim_types import ClaimedJob, ClaimRequest, KindLimit, Upcoming
+from django_venturi.store.pauses import paused_names
+from django_venturi.store.rate_limits import RateRule, key_value, next_opening
+from django_venturi.store.scheduling import TIERS, TierClock
+
+
+def claim_orm(
+    alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
+) -> list[ClaimedJob]:
+    """`claim.claim` off PostgreSQL: the jobs it took, in id order (`claim` puts them
+    in turn order)."""
+    with transaction.atomic(using=alias):
+        sent = time.monotonic()  # inside the transaction: after the database's write lock
+        now = timezone.now()
+        room = _room_orm(alias, request.limits)
+        paused_queues, paused_kinds = paused_names(alias)
+        rates = _RatesOrm(alias, request, now)
+        kinds = [
+            kind
+            for kind in request.kinds
+            if room.get(kind, 1) > 0 and kind not in paused_kinds and rates.may_take(kind)
+        ]
+        running_same_key = Job.objects.using(alias).filter(
+            state=State.RUNNING, kind=OuterRef("kind"), dedup_key=OuterRef("dedup_key")
+        )
+        due = (
+            Job.objects.using(alias)
+            .filter(state=State.READY, run_at__lte=now)
+            .filter(_claimable_kinds(kinds, request.kind_prefix))
+            .exclude(kind__in=paused_kinds)
+            .exclude(queue__in=paused_queues)
+            .exclude(Q(dedup_key__isnull=False) & Exists(running_same_key))
+        )
+        if request.queues is not None:
+            due = due.filter(queue__in=list(request.queues))
+        due = rates.without_full_keys(due)
+        candidates: list[tuple[float, int, int, str, Any]] = []
+        for tier in TIERS:
+            rows = list(
+                due.filter(priority=tier)
+                .order_by("rank", "run_at", "id")
+                .values_list("id", "kind", "payload")[: request.limit]
+            )
+            turns = clock.turns(tier, len(rows))
+            candidates.extend(
+                (turn, tier, job_id, kind, payload)
+                for turn, (job_id, kind, payload) in zip(turns, rows, strict=True)
+            )
+        chosen: list[int] = []
+        for _, _, job_id, kind, payload in sorted(candidates, key=lambda entry: entry[:3]):
+            if len(chosen) == request.limit:
+                break
+            if room.get(kind, 1) < 1 or not rates.take(job_id, kind, payload):
+                continue
+            if kind in room:
+                room[kind] -= 1
+            chosen.append(job_id)
+        rates.record()
+        jobs = list(Job.objects.using(alias).filter(id__in=chosen).order_by("id"))
+        for kind in {job.kind for job in jobs}:
+            Job.objects.using(alias).filter(id__in=chosen, kind=kind).update(
+                state=State.RUNNING,
+                attempt=F("attempt") + 1,
+                claim_token=token,
+                claimed_by=request.worker,
+                started_at=now,
+                lease_expires_at=now + request.lease_of(kind),
+            )
+    return [
+        ClaimedJob.from_row(
+            job,
+            attempt=job.attempt + 1,
+            started_at=now,
+            claim_token=token,
+            lease=request.lease_of(job.kind),
+            claim_sent=sent,
+        )
+        for job in jobs
+    ]
+
+
+class _RatesOrm:
+    """The rate limits of one claim off PostgreSQL: what each kind and key may still
+    start, the starts this claim takes, and their rows (inside the claim's transaction,
+    which holds the database's write lock, so claims count each other's starts)."""
+
+    def __init__(self, alias: str, request: ClaimRequest, now: datetime) -> None:
+        self.alias = alias
+        self.now = now
+        self.rules = {rule.kind: rule for rule in request.rates}
+        self.room = request.limit if request.rate_room is None else request.rate_room
+        self.used = {rule.kind: _counted_starts(alias, rule, now) for rule in request.rates}
+        self.taken: list[RateStart] = []
+
+    def may_take(self, kind: str) -> bool:
+        """False for a limited kind this claim cannot start any job of."""
+        rule = self.rules.get(kind)
+        if rule is None:
+            return True
+        if self.room < 1:
+            return False
+        return rule.limit.key is not None or len(self.used[kind].get("", [])) < rule.limit.limit
+
+    def without_full_keys(self, due: QuerySet[Job]) -> QuerySet[Job]:
+        """`due` less the jobs whose key is at its limit (so they fill no part of the claim)."""
+        for index, (kind, rule) in enumerate(self.rules.items()):
+            field = rule.limit.key
+            used = self.used[kind]
+            full = [key for key, starts in used.items() if len(starts) >= rule.limit.limit]
+            if field is None or not full:
+                continue
+            name = f"venturi_rate_key_{index}"
+            # Cast: a key transform's own `__in` would compare JSON, not text.
+            key = Cast(KeyTextTransform(field, "payload"), output_field=TextField())
+            due = due.alias(**{name: key})
+            due = due.exclude(Q(kind=kind) & Q(**{f"{name}__in": full}))
+        return due
+
+    def take(self, job_id: int, kind: str, payload: Any) -> bool:
+        """Count one start of a job of `kind`; False if its limit has no room."""
+        rule = self.rules.get(kind)
+        if rule is None:
+            return True
+        key = key_value(rule.limit, payload)
+        starts = self.used[kind].setdefault(key, [])
+        if self.room < 1 or len(starts) >= rule.limit.limit:
+            return False
+        self.room -= 1
+        starts.append(self.now)
+        self.taken.append(RateStart(kind=kind, key=key, started_at=self.now, job_id=job_id))
+        return True
+
+    def record(self) -> None:
+        """Write this claim's starts; forget those out of every window."""
+        RateStart.objects.using(self.alias).bulk_create(self.taken)
+        for kind, rule in self.rules.items():
+            window = timedelta(seconds=rule.limit.window_seconds)
+            RateStart.objects.using(self.alias).filter(
+                kind=kind, started_at__lte=self.now - window
+            ).delete()
+
+
+def _counted_starts(alias: str, rule: RateRule, now: datetime) -> dict[str, list[datetime]]:
+    """The starts of `rule`'s kind that its window still counts, per key."""
+    window = timedelta(seconds=rule.limit.window_seconds)
+    counted: dict[str, list[datetime]] = {}
+    rows = RateStart.objects.using(alias).filter(kind=rule.kind, started_at__gt=now - window)
+    for key, started_at in rows.values_list("key", "started_at"):
+        counted.setdefault(key, []).append(started_at)
+    return counted
+
+
+def _claimable_kinds(kinds: Sequence[str], prefix: str | None) -> Q:
+    claimable = Q(kind__in=list(kinds))
+    if prefix is not None:
+        claimable |= Q(kind__startswith=prefix)
+    return claimable
+
+
+def _room_orm(alias: str, limits: Sequence[KindLimit]) -> dict[str, int]:
+    if not limits:
+        return {}
+    running = dict(
+        Job.objects.using(alias)
+        .filter(state=State.RUNNING, kind__in=[limit.kind for limit in limits])
+        .values_list("kind")
+        .annotate(count=Count("id"))
+        .values_list("kind", "count")
+    )
+    room: dict[str, int] = {}
+    for limit in limits:
+        options = [limit.local_room] if limit.local_room is not None else []
+        if limit.global_cap is not None:
+            options.append(limit.global_cap - running.get(limit.kind, 0))
+        room[limit.kind] = min(options)
+    return room
+
+
+def upcoming_orm(alias: str, request: ClaimRequest) -> Upcoming:
+    """`claim.upcoming` off PostgreSQL."""
+    now = timezone.now()
+    scheduled = (
+        Job.objects.using(alias)
+        .filter(state=State.READY, run_at__gt=now)
+        .filter(_claimable_kinds(request.kinds, request.kind_prefix))
+    )
+    if request.queues is not None:
+        scheduled = scheduled.filter(queue__in=list(request.queues))
+    earliest = scheduled.aggregate(earliest=Min("run_at"))["earliest"]
+    _, paused_kinds = paused_names(alias)
+    openings = []
+    for rule in request.rates:
+        if rule.kind in paused_kinds:
+            continue
+        waiting = {
+            key_value(rule.limit, payload)
+            for payload in Job.objects.using(alias)
+            .filter(state=State.READY, kind=rule.kind, run_at__lte=now)
+            .values_list("payload", flat=True)
+        }
+        for key, starts in _counted_starts(alias, rule, now).items():
+            opening = next_opening(starts, rule.limit, now)
+            if opening is not None and key in waiting:
+                openings.append(opening)
+    soonest = min(openings, default=None)
+    return Upcoming(
+        None if earliest is None else (earliest - now).total_seconds(),
+        None if soonest is None else (soonest - now).total_seconds(),
+    )

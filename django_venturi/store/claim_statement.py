@@ -1,0 +1,413 @@
+"""The claim's PostgreSQL statements: their text and the parameters they take.
+
+`postgresql_statement` builds the claim, in two shapes: the full claim, which
+counts the running jobs of capped kinds and the starts of rate-limited ones, and
+the lean claim without those counts (the common case). `next_due_statement`
+builds what an idle claimer asks: when the next scheduled job becomes due, when
+a rate limit has room again. Each long query says why it is written as it is.
+
+`claim.py` runs them (behind the caps lock when the claim counts); `claim_orm.py`
+makes the same selection off PostgreSQL; `claim_types.py` holds the request.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+from django.db import connections
+
+from django_venturi.models import Job, Pause, RateStart
+from django_venturi.store.claim_types import ClaimRequest
+from django_venturi.store.scheduling import TIERS, TierClock
+
+_SERVED_QUEUES_LISTED = "SELECT unnest(%(queues)s::text[])"
+
+# Every queue with ready jobs, found by skipping through the claim index from one
+# distinct queue to the next (one index probe per queue, not a scan of the backlog).
+_SERVED_QUEUES_ALL = """
+    (SELECT queue FROM {table} WHERE state = 'ready' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {table} AS j
+            WHERE j.state = 'ready' AND j.queue > served.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM served WHERE served.queue IS NOT NULL
+"""
+
+_PAUSED = """
+-- Paused queues and kinds (`pauses.py`): read by the statement itself, so a pause
+-- committed before it began is never missed.
+paused_queues(names) AS (
+    SELECT coalesce(array_agg(name), '{{}}') FROM {pause_table} WHERE scope = 'queue'
+),
+paused_kinds(names) AS (
+    SELECT coalesce(array_agg(name), '{{}}') FROM {pause_table} WHERE scope = 'kind'
+)
+"""
+
+_SLOTS = """
+-- The (tier, rank) pairs that hold ready jobs in each served queue, found by
+-- skipping through the claim index from one pair to the next: one index probe
+-- per pair (usually one rank per tier), not a scan of the backlog.
+slots(queue, priority, rank) AS (
+    SELECT served.queue, lowest.priority, lowest.rank
+    FROM served
+    CROSS JOIN LATERAL (
+        SELECT priority, rank FROM {table}
+        WHERE state = 'ready' AND queue = served.queue
+        ORDER BY priority, rank LIMIT 1
+    ) AS lowest
+    WHERE served.queue IS NOT NULL
+      AND served.queue <> ALL((SELECT names FROM paused_queues)::text[])
+    UNION ALL
+    SELECT slots.queue, following.priority, following.rank
+    FROM slots
+    CROSS JOIN LATERAL (
+        SELECT priority, rank FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue
+          AND (priority, rank) > (slots.priority, slots.rank)
+        ORDER BY priority, rank LIMIT 1
+    ) AS following
+)
+"""
+
+_RATES = """
+-- Rate-limited kinds, and the starts each one's window still counts, per key. A
+-- claim of a limited kind holds the caps advisory lock, taken before this
+-- statement began, so the counts are exact. `clock_timestamp()` is read once,
+-- after that lock: the time the starts are recorded at.
+rates(kind, cap, seconds, field) AS (
+    SELECT * FROM unnest(%(rate_kinds)s::text[], %(rate_caps)s::integer[],
+                         %(rate_seconds)s::float8[], %(rate_fields)s::text[])
+),
+clock(at) AS (SELECT clock_timestamp()),
+used(kind, key, used) AS (
+    SELECT counted.kind, counted.key, count(*)
+    FROM rates JOIN {ledger} AS counted ON counted.kind = rates.kind
+    WHERE counted.started_at > (SELECT at FROM clock) - make_interval(secs => rates.seconds)
+    GROUP BY counted.kind, counted.key
+),
+-- Kinds and keys at their limit: their jobs are left out of the scan, so they
+-- never crowd out others.
+exhausted(kind, key, keyed) AS (
+    SELECT used.kind, used.key, rates.field IS NOT NULL
+    FROM used JOIN rates ON rates.kind = used.kind
+    WHERE used.used >= rates.cap
+),
+keyed_exhausted(kinds) AS (
+    SELECT coalesce(array_agg(DISTINCT kind), '{{}}') FROM exhausted WHERE keyed
+)
+"""
+
+_CLAIM_SQL = """
+WITH RECURSIVE
+served(queue) AS ({served}),
+tiers(priority, clock, stride) AS (
+    SELECT * FROM unnest(%(tiers)s::smallint[], %(clocks)s::float8[], %(strides)s::float8[])
+),
+-- Room left under each capped kind. Counting here is exact because claims of
+-- capped kinds hold the caps advisory lock, taken before this statement began.
+room(kind, room) AS (
+    SELECT limits.kind,
+           least(limits.local_room,
+                 limits.global_cap - (SELECT count(*) FROM {table} AS running
+                                      WHERE running.state = 'running'
+                                        AND running.kind = limits.kind))
+    FROM unnest(%(limit_kinds)s::text[], %(global_caps)s::integer[], %(local_rooms)s::integer[])
+        AS limits(kind, global_cap, local_room)
+),
+{paused},
+{rates},
+-- Kinds at their cap, at their rate limit or paused are left out of the scan,
+-- so they never crowd out others.
+eligible(kinds) AS (
+    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
+    WHERE NOT EXISTS (SELECT 1 FROM room WHERE room.kind = known.kind AND room.room < 1)
+      AND known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+      AND NOT EXISTS (SELECT 1 FROM exhausted WHERE exhausted.kind = known.kind
+                                                AND NOT exhausted.keyed)
+      AND (%(rate_room)s::integer > 0
+           OR NOT EXISTS (SELECT 1 FROM rates WHERE rates.kind = known.kind))
+),
+{slots},
+-- For each slot, the due jobs in claim order. Each lateral scan is a range of
+-- the partial claim index (queue, priority, rank, run_at, id), so its cost does
+-- not grow with the backlog. SKIP LOCKED passes over rows that another worker
+-- is claiming right now instead of waiting for it.
+pool AS (
+    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, c.rate_key, tiers.clock, tiers.stride
+    FROM slots
+    JOIN tiers ON tiers.priority = slots.priority
+    CROSS JOIN LATERAL (
+        SELECT id, kind, priority, rank, run_at,
+               -- The value a keyed rate limit counts this job's start under.
+               CASE WHEN kind = ANY(%(keyed_kinds)s::text[])
+                    THEN coalesce(payload ->> (SELECT field FROM rates
+                                               WHERE rates.kind = {table}.kind), '')
+                    ELSE '' END AS rate_key
+        FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+          AND rank = slots.rank AND run_at <= now()
+          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
+               -- Django Tasks jobs, whatever their function (NULL: none).
+               OR (starts_with(kind, %(kind_prefix)s::text)
+                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
+          -- A dedup follow-up waits behind the running job of its key.
+          AND (dedup_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM {table} AS ahead
+                WHERE ahead.state = 'running' AND ahead.kind = {table}.kind
+                  AND ahead.dedup_key = {table}.dedup_key))
+          -- A job whose rate-limit key is at its limit waits, out of the way.
+          AND (kind <> ALL((SELECT kinds FROM keyed_exhausted)::text[]) OR NOT EXISTS (
+                SELECT 1 FROM exhausted JOIN rates ON rates.kind = exhausted.kind
+                WHERE exhausted.kind = {table}.kind AND exhausted.keyed
+                  AND exhausted.key = coalesce({table}.payload ->> rates.field, '')))
+        ORDER BY run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+),
+-- Weighted turns: the k-th candidate of a tier comes at clock + k * stride.
+ranked AS (
+    SELECT id, kind, priority, rate_key,
+           clock + stride * row_number() OVER (PARTITION BY priority ORDER BY rank, run_at, id)
+               AS turn
+    FROM pool
+),
+-- A capped kind contributes no more candidates than its room; a rate-limited
+-- kind no more than each key's room and, all limited kinds together, than
+-- `rate_room`.
+capped AS (
+    SELECT id, priority, turn, kind, rate_key,
+           row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank,
+           row_number() OVER (PARTITION BY kind, rate_key ORDER BY turn, priority) AS key_rank,
+           row_number() OVER (PARTITION BY kind = ANY(%(rate_kinds)s::text[])
+                              ORDER BY turn, priority) AS limited_rank
+    FROM ranked
+),
+chosen AS (
+    SELECT capped.id, capped.kind, capped.rate_key, rates.kind IS NOT NULL AS limited
+    FROM capped
+    LEFT JOIN room ON room.kind = capped.kind
+    LEFT JOIN rates ON rates.kind = capped.kind
+    LEFT JOIN used ON used.kind = capped.kind AND used.key = capped.rate_key
+    WHERE (room.room IS NULL OR capped.kind_rank <= room.room)
+      AND (rates.kind IS NULL
+           OR (capped.key_rank <= rates.cap - coalesce(used.used, 0)
+               AND capped.limited_rank <= %(rate_room)s::integer))
+    ORDER BY capped.turn, capped.priority
+    LIMIT %(limit)s
+),
+-- Each start of a limited kind counts from now on; starts out of every window go.
+recorded AS (
+    INSERT INTO {ledger} (kind, key, started_at, job_id)
+    SELECT kind, rate_key, (SELECT at FROM clock), id FROM chosen WHERE limited
+),
+forgotten AS (
+    DELETE FROM {ledger} AS old USING rates
+    WHERE old.kind = rates.kind
+      AND old.started_at <= (SELECT at FROM clock) - make_interval(secs => rates.seconds)
+),
+{claim_tail}"""
+
+
+_CLAIM_TAIL = """
+leases(kind, seconds) AS (
+    SELECT * FROM unnest(%(kinds)s::text[], %(lease_seconds)s::float8[])
+),
+-- Each chosen job's lease: its kind's, or the prefix lease for a Django Tasks job.
+leased AS (
+    SELECT chosen.id, coalesce(leases.seconds, %(prefix_lease_seconds)s::float8) AS seconds
+    FROM chosen LEFT JOIN leases ON leases.kind = chosen.kind
+)
+UPDATE {table} AS job
+SET state = 'running',
+    attempt = job.attempt + 1,
+    claim_token = %(token)s,
+    claimed_by = %(worker)s,
+    started_at = now(),
+    lease_expires_at = now() + make_interval(secs => leased.seconds)
+FROM leased
+-- = ANY(ARRAY(...)) makes the planner fetch the chosen rows by primary key
+-- instead of hash-joining a scan of the whole table, whatever its estimates.
+WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
+-- payload and carry as text: the same on either path (prepared results come in
+-- binary, where psycopg would decode jsonb itself; Django's loads it as text).
+RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
+          job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
+          job.dependents > 0, job.dedup_key IS NOT NULL
+"""
+
+# The claim when no claimable kind is capped or rate-limited (the common case):
+# the same selection without the CTEs that count running jobs and starts, which
+# were most of the time PostgreSQL spent planning it (each call is planned for
+# its own values: a claim of one job took 1.4 ms, most of a wake-up's latency).
+_CLAIM_UNLIMITED_SQL = """
+WITH RECURSIVE
+served(queue) AS ({served}),
+tiers(priority, clock, stride) AS (
+    SELECT * FROM unnest(%(tiers)s::smallint[], %(clocks)s::float8[], %(strides)s::float8[])
+),
+{paused},
+eligible(kinds) AS (
+    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
+    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+),
+{slots},
+-- As in the full claim: the due jobs of each slot in claim order, skipping rows
+-- another worker is claiming right now.
+pool AS (
+    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, tiers.clock, tiers.stride
+    FROM slots
+    JOIN tiers ON tiers.priority = slots.priority
+    CROSS JOIN LATERAL (
+        SELECT id, kind, priority, rank, run_at
+        FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+          AND rank = slots.rank AND run_at <= now()
+          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
+               OR (starts_with(kind, %(kind_prefix)s::text)
+                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
+          AND (dedup_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM {table} AS ahead
+                WHERE ahead.state = 'running' AND ahead.kind = {table}.kind
+                  AND ahead.dedup_key = {table}.dedup_key))
+        ORDER BY run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+),
+ranked AS (
+    SELECT id, kind, priority,
+           clock + stride * row_number() OVER (PARTITION BY priority ORDER BY rank, run_at, id)
+               AS turn
+    FROM pool
+),
+chosen AS (
+    SELECT id, kind FROM ranked
+    ORDER BY turn, priority
+    LIMIT %(limit)s
+),
+{claim_tail}"""
+
+
+def _tables(alias: str) -> dict[str, str]:
+    quote = connections[alias].ops.quote_name
+    return {
+        "table": quote(Job._meta.db_table),
+        "pause_table": quote(Pause._meta.db_table),
+        "ledger": quote(RateStart._meta.db_table),
+    }
+
+
+def _fragments(alias: str, listed_queues: bool) -> dict[str, str]:
+    """The statement's shared parts, with the table names filled in."""
+    tables = _tables(alias)
+    served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
+    return {
+        **tables,
+        "served": served.format(**tables),
+        "paused": _PAUSED.format(**tables),
+        "rates": _RATES.format(**tables),
+        "slots": _SLOTS.format(**tables),
+        "claim_tail": _CLAIM_TAIL.format(**tables),
+    }
+
+
+@functools.cache
+def _claim_sql(alias: str, listed_queues: bool, limited: bool) -> str:
+    """The claim statement: for given queues or all, with or without capped and
+    rate-limited kinds (made once per shape: it is long to format)."""
+    template = _CLAIM_SQL if limited else _CLAIM_UNLIMITED_SQL
+    return template.format(**_fragments(alias, listed_queues))
+
+
+def _rate_params(request: ClaimRequest) -> dict[str, Any]:
+    return {
+        "rate_kinds": [rule.kind for rule in request.rates],
+        "rate_caps": [rule.limit.limit for rule in request.rates],
+        "rate_seconds": [rule.limit.window_seconds for rule in request.rates],
+        "rate_fields": [rule.limit.key for rule in request.rates],
+        "keyed_kinds": [rule.kind for rule in request.rates if rule.limit.key is not None],
+    }
+
+
+def postgresql_statement(
+    alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
+) -> tuple[str, dict[str, Any]]:
+    """The claim statement and its parameters (for the claim, and for EXPLAIN)."""
+    sql = _claim_sql(alias, request.queues is not None, request.limited)
+    params = {
+        "queues": list(request.queues or []),
+        "tiers": list(TIERS),
+        "clocks": clock.offsets(),
+        "strides": clock.strides,
+        "kinds": list(request.kinds),
+        "lease_seconds": [lease.total_seconds() for lease in request.leases],
+        "limit_kinds": [limit.kind for limit in request.limits],
+        "global_caps": [limit.global_cap for limit in request.limits],
+        "local_rooms": [limit.local_room for limit in request.limits],
+        "kind_prefix": request.kind_prefix,
+        "prefix_lease_seconds": (
+            None if request.prefix_lease is None else request.prefix_lease.total_seconds()
+        ),
+        "limit": request.limit,
+        "token": token,
+        "worker": request.worker,
+        "rate_room": request.limit if request.rate_room is None else request.rate_room,
+        **_rate_params(request),
+    }
+    return sql, params
+
+
+_NEXT_DUE_SQL = """
+WITH RECURSIVE served(queue) AS ({served}),
+{paused},
+{slots},
+{rates},
+-- When each kind or key at its rate limit, with due jobs waiting on it, has room
+-- again: when its limit-th newest start leaves the window.
+openings(at) AS (
+    SELECT (array_agg(counted.started_at ORDER BY counted.started_at DESC))[min(rates.cap)]
+           + make_interval(secs => min(rates.seconds))
+    FROM exhausted
+    JOIN rates ON rates.kind = exhausted.kind
+    JOIN {ledger} AS counted ON counted.kind = exhausted.kind AND counted.key = exhausted.key
+    WHERE counted.started_at > (SELECT at FROM clock) - make_interval(secs => rates.seconds)
+      AND exhausted.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+      AND EXISTS (
+        SELECT 1 FROM {table} AS waiting
+        WHERE waiting.state = 'ready' AND waiting.kind = exhausted.kind
+          AND waiting.run_at <= now()
+          AND (rates.field IS NULL
+               OR coalesce(waiting.payload ->> rates.field, '') = exhausted.key))
+    GROUP BY exhausted.kind, exhausted.key
+)
+SELECT
+    extract(epoch FROM
+        (SELECT min(upcoming.run_at)
+         FROM slots
+         CROSS JOIN LATERAL (
+            SELECT run_at FROM {table}
+            WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+              AND rank = slots.rank AND run_at > now()
+              AND (kind = ANY(%(kinds)s::text[]) OR starts_with(kind, %(kind_prefix)s::text))
+            ORDER BY run_at
+            LIMIT 1
+         ) AS upcoming) - (SELECT at FROM clock)),
+    extract(epoch FROM (SELECT min(at) FROM openings) - (SELECT at FROM clock))
+"""
+
+
+def next_due_statement(alias: str, request: ClaimRequest) -> tuple[str, dict[str, Any]]:
+    """The statement that finds when the next scheduled job becomes due and when a
+    rate limit has room again, and its parameters (for `claim.upcoming`)."""
+    sql = _NEXT_DUE_SQL.format(**_fragments(alias, request.queues is not None))
+    params = {
+        "queues": list(request.queues or []),
+        "kinds": list(request.kinds),
+        "kind_prefix": request.kind_prefix,
+        **_rate_params(request),
+    }
+    return sql, params

@@ -1,0 +1,171 @@
+"""The claim's request and its results: what one claim may take (`ClaimRequest`,
+`KindLimit`), the jobs it took (`ClaimedJob`, each run's `RunKey`) and what an idle
+claimer waits for (`Upcoming`).
+
+The lowest of the claim's modules: `claim.py` (the entry points, which re-export
+these names), `claim_statement.py` (the PostgreSQL statements) and `claim_orm.py`
+(the claim off PostgreSQL) import it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django_venturi.models import Job
+from django_venturi.store.rate_limits import RateRule
+
+RunKey = tuple[int, uuid.UUID]
+"""One run of a job: the job's id and the token of the claim that started it."""
+
+
+@dataclasses.dataclass(slots=True)
+class ClaimedJob:
+    """A job this worker now holds, as the claim returned it.
+
+    Not frozen: a frozen dataclass sets each field through `object.__setattr__`,
+    and a claim builds one per job. Only `start_after` changes one, before its run
+    starts."""
+
+    id: int
+    kind: str
+    queue: str
+    priority: int
+    payload: Any
+    carry: Any
+    attempt: int
+    """Runs started, this one included."""
+    failures: int
+    enqueued_at: datetime
+    started_at: datetime
+    """Database time of this claim."""
+    claim_token: uuid.UUID
+    lease: timedelta
+    claim_sent: float = 0.0
+    """`time.monotonic()` when the claim statement was sent, after any lock it waited
+    for: no earlier than the time a rate limit counts this start at."""
+    has_dependents: bool = False
+    """Whether jobs were enqueued after this one when it was claimed (its verdict then
+    resolves them in the verdict's transaction)."""
+    keyed: bool = False
+    """Whether it has a dedup key: a follow-up of its key may wait for its verdict."""
+
+    def start_after(self, waited: float) -> None:
+        """Its handler starts `waited` seconds after the claim: date the run from there.
+
+        In place: a claimed job belongs to its one run, which has not started yet.
+        """
+        self.started_at += timedelta(seconds=waited)
+
+    @property
+    def run_key(self) -> RunKey:
+        """This run's identity: a job claimed twice by one worker has two runs."""
+        return (self.id, self.claim_token)
+
+    @classmethod
+    def from_row(
+        cls,
+        job: Job,
+        *,
+        attempt: int,
+        started_at: datetime,
+        claim_token: uuid.UUID,
+        lease: timedelta,
+        claim_sent: float | None = None,
+    ) -> ClaimedJob:
+        """A claimed job built from a `Job` row and the claim's own values."""
+        return cls(
+            id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            priority=job.priority,
+            payload=job.payload,
+            carry=job.carry,
+            attempt=attempt,
+            failures=job.failures,
+            enqueued_at=job.enqueued_at,
+            started_at=started_at,
+            claim_token=claim_token,
+            lease=lease,
+            claim_sent=time.monotonic() if claim_sent is None else claim_sent,
+            has_dependents=job.dependents > 0,
+            keyed=job.dedup_key is not None,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KindLimit:
+    """How many more jobs of one kind a claim may take."""
+
+    kind: str
+    global_cap: int | None
+    """The task's `concurrency=`: running jobs of the kind across all workers."""
+    local_room: int | None
+    """What this worker's `--kind-concurrency` still allows."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """What one claim may take."""
+
+    worker: str
+    limit: int
+    kinds: Sequence[str]
+    leases: Sequence[timedelta]
+    """The lease of each kind, in `kinds` order."""
+    queues: Sequence[str] | None
+    """None: every queue."""
+    limits: Sequence[KindLimit] = ()
+    """Caps on some kinds; kinds not listed are unlimited."""
+    kind_prefix: str | None = None
+    """Also claim every kind that starts with this (Django Tasks jobs, see `backend.py`)."""
+    prefix_lease: timedelta | None = None
+    """The lease of the jobs claimed through `kind_prefix`."""
+    rates: Sequence[RateRule] = ()
+    """Rate limits on some kinds; the claim counts and records their starts."""
+    rate_room: int | None = None
+    """How many jobs of rate-limited kinds this claim may take (None: no bound).
+
+    The worker passes its idle handler slots: a limited job starts as soon as it
+    is claimed, never waits in the local buffer, so its start is the one counted."""
+
+    def lease_of(self, kind: str) -> timedelta:
+        """The lease a claimed job of `kind` gets."""
+        for known, lease in zip(self.kinds, self.leases, strict=True):
+            if known == kind:
+                return lease
+        assert self.prefix_lease is not None, f"{kind!r} is not claimable"
+        return self.prefix_lease
+
+    def claims_some_kind(self) -> bool:
+        return bool(self.kinds) or self.kind_prefix is not None
+
+    @property
+    def limited(self) -> bool:
+        """Whether a kind it may take is capped or rate-limited (the full claim statement;
+        such a kind may take the places of other kinds' jobs in a short claim)."""
+        return bool(self.limits or self.rates)
+
+    @property
+    def serialised(self) -> bool:
+        """Whether the claim must hold the caps lock: it counts running jobs or starts."""
+        return bool(self.rates) or any(limit.global_cap is not None for limit in self.limits)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Upcoming:
+    """What an idle claimer waits for, in seconds from now (None: nothing)."""
+
+    scheduled: float | None
+    """The earliest job scheduled in the future becomes due."""
+    rate_opening: float | None
+    """A rate-limited kind (or key) with due jobs waiting on it has room again."""
+
+    @property
+    def soonest(self) -> float | None:
+        known = [seconds for seconds in (self.scheduled, self.rate_opening) if seconds is not None]
+        return min(known, default=None)
