@@ -29,9 +29,10 @@ from django.utils import timezone
 
 import django_venturi as venturi
 from django_venturi.models import Job, JournalEntry
-from django_venturi.store.claim import ClaimRequest, claim, postgresql_statement
+from django_venturi.store.claim import ClaimRequest, claim
+from django_venturi.store.claim_statement import postgresql_statement
 from django_venturi.store.scheduling import TierClock
-from django_venturi.tasks_backend import frameworks, runner
+from django_venturi.tasks_backend import envelope, frameworks, runner
 from tests.conftest import Workers, wait_until
 from tests.test_run_times import assert_sequential
 from tests.test_tampering import tripwire  # noqa: F401 - the fixture
@@ -177,17 +178,17 @@ def test_a_return_value_is_stored_as_a_json_round_trip_makes_it(
 
 
 def test_return_value_keys_json_would_merge_or_cannot_write_are_refused() -> None:
-    assert frameworks.stored_result({"a": [{2: None}], "b": b"x"}) == {"a": [{"2": None}], "b": "x"}
+    assert envelope.stored_result({"a": [{2: None}], "b": b"x"}) == {"a": [{"2": None}], "b": "x"}
     with pytest.raises(ValueError, match=r"has the keys 1 and '1', which JSON writes as one key"):
-        frameworks.stored_result({1: "a", "1": "b"})
+        envelope.stored_result({1: "a", "1": "b"})
     with pytest.raises(ValueError, match=r"\['x'\] has the keys True and 'true'"):
-        frameworks.stored_result({"x": {True: 1, "true": 2}})
+        envelope.stored_result({"x": {True: 1, "true": 2}})
     with pytest.raises(TypeError, match=r"has the key \(1, 2\) \(tuple\); JSON keys must be"):
-        frameworks.stored_result({(1, 2): "a"})
+        envelope.stored_result({(1, 2): "a"})
     with pytest.raises(TypeError, match=r"has the key nan \(float\)"):
-        frameworks.stored_result({math.nan: "a"})
+        envelope.stored_result({math.nan: "a"})
     with pytest.raises(ValueError, match=r"\[1\] is inf, which JSON cannot hold"):
-        frameworks.stored_result([1, math.inf])
+        envelope.stored_result([1, math.inf])
 
 
 def test_unknown_ids_raise_task_result_does_not_exist(tasks: ModuleType) -> None:
@@ -552,11 +553,11 @@ def test_a_library_task_module_imported_late_runs_on_a_worker_by_its_signature(
     from tests.library import tasks as library
 
     module = "tests.library.tasks"
-    assert not frameworks.module_is_allowed(module)
+    assert not envelope.module_is_allowed(module)
     result = library.shout.enqueue("hello")
     job = Job.objects.get(pk=int(result.id))
     assert job.kind == f"tasks:{module}.shout"
-    assert job.payload["module_signature"] == frameworks.module_signature(module)
+    assert job.payload["module_signature"] == envelope.module_signature(module)
 
     workers.burst("default")
 
@@ -750,12 +751,12 @@ def test_tampered_tasks_jobs_never_call_anything_but_a_declared_task(
         tampered(
             "tasks:venturi_tripwire.boom",
             module_signature=Signer(
-                key="another-key", salt=frameworks.MODULE_SIGNATURE_SALT
+                key="another-key", salt=envelope.MODULE_SIGNATURE_SALT
             ).signature("venturi_tripwire"),
         ): not_valid,
         tampered(
             "tasks:venturi_tripwire.boom",
-            module_signature=frameworks.module_signature("tests.library.tasks"),
+            module_signature=envelope.module_signature("tests.library.tasks"),
         ): not_valid,
         tampered("tasks:venturi_tripwire.boom", module_signature=["x"]): not_valid,
     }

@@ -35,7 +35,7 @@ from django.utils.module_loading import import_string
 from django_venturi.conf import venturi_settings
 from django_venturi.registry import MAX_KIND_LENGTH, MAX_QUEUE_LENGTH, validate_name
 from django_venturi.states import Priority, State
-from django_venturi.tasks_backend import frameworks
+from django_venturi.tasks_backend import envelope, frameworks, task_results
 from django_venturi.tasks_backend.frameworks import Framework
 
 BACKEND_PATH = "django_venturi.backend.VenturiBackend"
@@ -110,17 +110,17 @@ class VenturiBackend:
         self.validate_task(task)
         framework = frameworks.of_task(task)
         assert framework is not None
-        payload = frameworks.envelope(framework, task, args, kwargs)
+        payload = envelope.envelope(framework, task, args, kwargs)
         job_id, enqueued_at = _insert(
             self.database,
-            kind=frameworks.kind_of(task),
+            kind=envelope.kind_of(task),
             queue=task.queue_name,
             priority=task.priority,
             payload=payload,
             run_at=task.run_after,
         )
-        resolved = frameworks.Resolved(framework, task, payload["args"], payload["kwargs"])
-        facts = frameworks.JobFacts(
+        resolved = envelope.Resolved(framework, task, payload["args"], payload["kwargs"])
+        facts = task_results.JobFacts(
             id=job_id,
             state=State.READY,
             enqueued_at=enqueued_at,
@@ -130,7 +130,7 @@ class VenturiBackend:
             result=None,
             runs=[],
         )
-        result = frameworks.task_result(framework, resolved, facts)
+        result = task_results.task_result(framework, resolved, facts)
         framework.task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -156,11 +156,11 @@ class VenturiBackend:
         if job is None:
             raise does_not_exist(f"no task result has the id {result_id!r}")
         try:
-            resolved = frameworks.resolve(job.kind, job.payload)
+            resolved = envelope.resolve(job.kind, job.payload)
         except frameworks.UnrunnableTask as error:
             message = f"task result {result_id!r} names no loadable Task: {error}"
             raise does_not_exist(message) from None
-        facts = frameworks.JobFacts(
+        facts = task_results.JobFacts(
             id=job.pk,
             state=job.state,
             enqueued_at=job.enqueued_at,
@@ -168,9 +168,9 @@ class VenturiBackend:
             finished_at=job.finished_at,
             claimed_by=job.claimed_by,
             result=job.result,
-            runs=frameworks.runs_of(self.database, job.pk),
+            runs=task_results.runs_of(self.database, job.pk),
         )
-        return frameworks.task_result(resolved.framework, resolved, facts)
+        return task_results.task_result(resolved.framework, resolved, facts)
 
     async def aget_result(self, result_id: str) -> Any:
         return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
@@ -215,13 +215,13 @@ def _problems(backend: VenturiBackend, task: Any) -> Iterable[str]:
     """What makes `task` one that workers could not run as enqueued.
 
     Where its module lives is not among them: outside installed apps, its jobs
-    carry the producer's signature of it (`frameworks.import_refusal`).
+    carry the producer's signature of it (`envelope.import_refusal`).
     """
     func = task.func
     if not inspect.isfunction(func) or "<locals>" in func.__qualname__ or "." in func.__qualname__:
         yield "Task function must be defined at a module level."
         return
-    kind = frameworks.kind_of(task)
+    kind = envelope.kind_of(task)
     if len(kind) > MAX_KIND_LENGTH:
         yield f"the module path {task.module_path!r} is too long for a venturi kind"
     parameters = list(inspect.signature(func).parameters)

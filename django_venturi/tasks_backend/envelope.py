@@ -14,25 +14,24 @@ call anything that is not a declared Task.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from importlib import import_module
 from typing import Any
 
 from django.apps import apps
 from django.core.signing import BadSignature, Signer
-from django.dispatch import Signal
 from django.utils.dateparse import parse_datetime
 
 from django_venturi.payloads import text
 from django_venturi.payloads.codec import UnstorableValue, int_problem, too_deep
 from django_venturi.registry import TASKS_KIND_PREFIX
-from django_venturi.states import FINISHED_STATES, JournalOutcome, State
-
-from django_venturi.tasks_backend.frameworks import FRAMEWORK_MODULES, Framework, TaskCancelled, UnrunnableTask, WorkerLost, available, by_name, of_task, primary, result_does_not_exist
+from django_venturi.tasks_backend.frameworks import (
+    Framework,
+    UnrunnableTask,
+    by_name,
+)
 
 
 def kind_of(task: Any) -> str:

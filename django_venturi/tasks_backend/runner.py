@@ -1,7 +1,7 @@
 """How a worker runs a Django Tasks job: find its Task, call it, judge what happened.
 
 The worker treats these jobs like any other (claim, lease, heartbeat, verdict,
-journal); only the handler differs. The Task is found by `frameworks.resolve`,
+journal); only the handler differs. The Task is found by `envelope.resolve`,
 which imports only modules of installed apps, of `VENTURI["TASK_MODULES"]` or
 signed by the producer, and accepts nothing but a Task of the framework the job
 recorded. Django's semantics hold by default: the return value is stored and the
@@ -29,7 +29,7 @@ from django_venturi.store.backoff import Fibonacci
 from django_venturi.store.claim import ClaimedJob
 from django_venturi.store.connections import closing_broken_on_error
 from django_venturi.store.verdicts import ErrorInfo, Verdict
-from django_venturi.tasks_backend import frameworks
+from django_venturi.tasks_backend import envelope, frameworks, task_results
 
 if TYPE_CHECKING:
     from django_venturi.tasks_backend.backend import VenturiBackend
@@ -76,10 +76,10 @@ def is_tasks_job(job: ClaimedJob) -> bool:
 def is_async(execution: Execution) -> bool:
     """Whether the job's Task function is `async def` (False if it names no Task)."""
     try:
-        resolved = frameworks.resolve(execution.job.kind, execution.job.payload)
+        resolved = envelope.resolve(execution.job.kind, execution.job.payload)
     except Exception:
         return False  # the run turns it into a permanent failure
-    return frameworks.is_async(resolved.task)
+    return envelope.is_async(resolved.task)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,9 +87,9 @@ class TasksRun:
     """A Tasks job about to run: its Task, backend and `TaskResult` (RUNNING)."""
 
     execution: Execution
-    resolved: frameworks.Resolved
+    resolved: envelope.Resolved
     backend: VenturiBackend
-    facts: frameworks.JobFacts
+    facts: task_results.JobFacts
     result: Any
 
     @property
@@ -135,7 +135,7 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
 
     job = execution.job
     try:
-        resolved = frameworks.resolve(job.kind, job.payload)
+        resolved = envelope.resolve(job.kind, job.payload)
         backend = resolved.task.get_backend()
         if not isinstance(backend, VenturiBackend):
             raise frameworks.UnrunnableTask(
@@ -146,7 +146,7 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
         if not isinstance(error, frameworks.UnrunnableTask):
             error = frameworks.UnrunnableTask(f"{type(error).__name__}: {text_of(error)}")
         return verdicts.failed(job, ErrorInfo.from_reason(text_of(error), type=_path(error)))
-    facts = frameworks.JobFacts(
+    facts = task_results.JobFacts(
         id=job.id,
         state=State.RUNNING,
         enqueued_at=job.enqueued_at,
@@ -154,9 +154,9 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
         finished_at=None,
         claimed_by=execution.worker,
         result=None,
-        runs=frameworks.runs_of(execution.database, job.id),
+        runs=task_results.runs_of(execution.database, job.id),
     )
-    result = frameworks.task_result(resolved.framework, resolved, facts)
+    result = task_results.task_result(resolved.framework, resolved, facts)
     run = TasksRun(execution, resolved, backend, facts, result)
     _send(run, resolved.framework.task_started, result)
     return run
@@ -164,7 +164,7 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
 
 def _succeeded(run: TasksRun, value: Any) -> Verdict:
     try:
-        stored = frameworks.stored_result(value)
+        stored = envelope.stored_result(value)
     except Exception as error:  # a PayloadError, or whatever the value's own methods raised
         return _failed(run, error)
     verdict = verdicts.completed(run.execution.job)
@@ -206,7 +206,7 @@ def _finished_signal(
         raised, error = error, None
         if not applied:
             return  # this worker had lost the job: another run owns its result
-        this_run = frameworks.Run(
+        this_run = task_results.Run(
             worker=run.execution.worker,
             started_at=verdict.job.started_at,
             outcome=verdict.outcome,
@@ -221,7 +221,7 @@ def _finished_signal(
             result=value,
             runs=[*run.facts.runs, this_run],
         )
-        result = frameworks.task_result(run.framework, run.resolved, facts)
+        result = task_results.task_result(run.framework, run.resolved, facts)
         if raised is None:
             _send(run, run.framework.task_finished, result)
         else:

@@ -8,26 +8,12 @@ framework the job's Task came from.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
-import math
-from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from importlib import import_module
 from typing import Any
 
-from django.apps import apps
-from django.core.signing import BadSignature, Signer
-from django.dispatch import Signal
-from django.utils.dateparse import parse_datetime
-
-from django_venturi.payloads import text
-from django_venturi.payloads.codec import UnstorableValue, int_problem, too_deep
-from django_venturi.registry import TASKS_KIND_PREFIX
 from django_venturi.states import FINISHED_STATES, JournalOutcome, State
-
-from django_venturi.tasks_backend.frameworks import FRAMEWORK_MODULES, Framework, TaskCancelled, UnrunnableTask, WorkerLost, available, by_name, of_task, primary, result_does_not_exist
-from django_venturi.tasks_backend.envelope import Resolved, envelope, import_refusal, kind_of, resolve, stored_result
+from django_venturi.tasks_backend.envelope import Resolved
+from django_venturi.tasks_backend.frameworks import Framework, TaskCancelled, WorkerLost
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,7 +38,7 @@ ERROR_OUTCOMES = frozenset(
     }
 )
 PSEUDO_ERROR_TYPES = {
-    "django_venturi.LeaseExpired": f"{__name__}.WorkerLost",
+    "django_venturi.LeaseExpired": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}",
 }
 """Error types venturi writes that are not importable classes, and the class Django sees."""
 
@@ -108,7 +94,7 @@ def task_result(framework: Framework, resolved: Resolved, facts: JobFacts) -> An
     ):
         errors.append(
             framework.error_class(
-                exception_class_path=f"{__name__}.TaskCancelled",
+                exception_class_path=f"{TaskCancelled.__module__}.{TaskCancelled.__qualname__}",
                 traceback="The job was cancelled before it ran.",
             )
         )
@@ -143,7 +129,7 @@ def _is_error(run: Run) -> bool:
 
 def _task_error(framework: Framework, run: Run) -> Any:
     if run.outcome == JournalOutcome.CANCELLED:
-        path = f"{__name__}.TaskCancelled"
+        path = f"{TaskCancelled.__module__}.{TaskCancelled.__qualname__}"
     else:
         path = PSEUDO_ERROR_TYPES.get(run.error_type, run.error_type)
     return framework.error_class(
