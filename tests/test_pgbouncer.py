@@ -46,7 +46,7 @@ from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.store.completion import write_verdicts
 from django_venturi.store.connections import connection_params
 from django_venturi.store.scheduling import TierClock
-from django_venturi.worker.process import sweeper
+from django_venturi.worker import sweeper
 from tests.conftest import Workers, wait_until
 from tests.testapp.control_tasks import Cancellable
 from tests.testapp.dedup_tasks import PausingRecompute, Recompute

@@ -15,7 +15,7 @@ from django_venturi.checks import check_settings
 from django_venturi.models import Job
 from django_venturi.store.claim import CAPS_LOCK_KEY
 from django_venturi.store.connections import connection_params
-from django_venturi.worker.process import sweeper
+from django_venturi.worker import sweeper
 from tests.conftest import Workers, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])

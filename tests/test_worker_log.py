@@ -11,7 +11,7 @@ import pytest
 
 import django_venturi as venturi
 from django_venturi.worker.log import FORMAT, BatchingStreamHandler, batched_lines
-from django_venturi.worker.process import log as worker_log
+from django_venturi.worker import log as worker_log
 from tests.conftest import ROOT, Workers, worker_env
 from tests.testapp import tasks
 

@@ -31,7 +31,7 @@ from django.db.models import Count
 
 import django_venturi as venturi
 from django_venturi.models import Job, JournalEntry
-from django_venturi.worker.process import Worker
+from django_venturi.worker import Worker
 from example_project.shop.models import Signup
 from example_project.shop.signups import sign_up
 from example_project.shop.tasks import ChargeCard, ImportContacts, PingWebhook, SyncToCrm
