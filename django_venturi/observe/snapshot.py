@@ -107,7 +107,7 @@ class Stats:
     workers: list[LiveWorker] = dataclasses.field(default_factory=list)
     """Worker processes not stopped, newest first; stale ones included and marked."""
     orphan_kinds: list[OrphanKind] = dataclasses.field(default_factory=list)
-    """Due jobs that no live worker can run, by kind and queue (see `orphan_kinds.py`)."""
+    """Due jobs that no live worker can run, by kind and queue (see `store/orphan_kinds.py`)."""
     rate_limits: list[RateLimitUse] = dataclasses.field(default_factory=list)
     """Each rate-limited kind this process knows: its use now and its due jobs."""
     pauses: list[Paused] = dataclasses.field(default_factory=list)

@@ -5,7 +5,7 @@ claim reads the rows in its own statement (`claim_statement.py`): once a pause
 commits, no worker anywhere claims from it. Jobs a worker already claimed but
 has not started (its local buffer) are handed back when the worker learns of the
 pause: at once through a NOTIFY on PostgreSQL, within a poll interval elsewhere
-(`worker.py`).
+(`worker/pause_watch.py`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ builds its own instance from the same TASKS entry, and every job records the
 framework of its Task, so results, contexts and signals come back as that
 framework's types. Jobs are ordinary venturi rows (kind
 `tasks:<module path of the function>`, payload the JSON arguments); workers run
-them with the same `venturi_worker` command (`backend_runner.py`).
+them with the same `venturi_worker` command (`runner.py`).
 """
 
 from __future__ import annotations
