@@ -29,7 +29,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from django_venturi import codec  # after the repository is on sys.path
+from django_venturi.payloads import codec  # after the repository is on sys.path
 
 
 class Status(enum.Enum):

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_venturi.payloads import codec
+from django_venturi.payloads import fast as fast_path
 from tests.test_codec import full_payload
 from tests.testapp.tasks import Address, AllTypes
 
@@ -188,10 +189,10 @@ def check_encode(value: Any, hint: Any) -> None:
     try:
         expected = slow_encode(value, hint)
     except Exception:  # a PayloadError, or whatever the slow path lets out
-        assert codec._fast_encode(value, hint) is codec._UNDECIDED, (hint, shown(value))
+        assert fast_path.encode(value, hint) is fast_path.UNDECIDED, (hint, shown(value))
         return
-    fast = codec._fast_encode(value, hint)
-    if fast is not codec._UNDECIDED:
+    fast = fast_path.encode(value, hint)
+    if fast is not fast_path.UNDECIDED:
         assert same(fast, expected), (hint, shown(value), shown(fast), shown(expected))
 
 
@@ -199,10 +200,10 @@ def check_decode(hint: Any, data: Any) -> None:
     try:
         expected = slow_decode(hint, data)
     except Exception:  # a PayloadError, or whatever the slow path lets out
-        assert codec._fast_decode(hint, data) is codec._UNDECIDED, (hint, shown(data))
+        assert fast_path.decode(hint, data) is fast_path.UNDECIDED, (hint, shown(data))
         return
-    fast = codec._fast_decode(hint, data)
-    if fast is not codec._UNDECIDED:
+    fast = fast_path.decode(hint, data)
+    if fast is not fast_path.UNDECIDED:
         assert type(fast) is type(expected), (hint, shown(data), shown(fast))
         assert shown(fast) == shown(expected), (hint, shown(data), shown(fast))
 
@@ -259,11 +260,11 @@ def test_the_fast_path_decodes_as_the_slow_path_or_declines(hint: Any) -> None:
 def test_every_type_of_a_payload_round_trips_on_the_fast_path() -> None:
     """The usual payload never falls back: the fast path is really used."""
     original = full_payload()
-    encoded = codec._fast_encode(original, AllTypes)
-    assert encoded is not codec._UNDECIDED
+    encoded = fast_path.encode(original, AllTypes)
+    assert encoded is not fast_path.UNDECIDED
     assert json.dumps(encoded) == json.dumps(codec._encode_dataclass(original, AllTypes, "A"))
     stored = json.loads(json.dumps(encoded))
-    assert codec._fast_decode(AllTypes, stored) == original
+    assert fast_path.decode(AllTypes, stored) == original
 
 
 def test_the_stored_json_of_each_type_is_unchanged() -> None:
@@ -313,7 +314,7 @@ class Tree:
 
 def test_types_the_fast_path_cannot_mirror_use_the_slow_path() -> None:
     for hint in (Any, list[Any], int | str, Perm, Mixed, Tree):
-        assert codec._node(hint) is None, hint
+        assert fast_path._node(hint) is None, hint
     tree = Tree("a", [Tree("b")])
     assert codec.decode(Tree, json.loads(json.dumps(codec.encode(tree)))) == tree
 

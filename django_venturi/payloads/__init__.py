@@ -3,4 +3,11 @@
 Owns the codec (dataclasses to JSON and back, typed) and the rules for text
 PostgreSQL can store. Imports nothing else from django_venturi: every other
 layer may use it.
+
+- `codec`: the entry points and errors callers import, and the hand-written
+  (slow) path that handles every type and explains every refusal.
+- `fast`: the msgspec fast path `codec` asks first; it vouches or declines.
+- `fields`: what a payload class declares (field hints, secret fields and their
+  masking), shared by both paths and the admin; the lowest of the three.
+- `text`: the text PostgreSQL can store.
 """
