@@ -35,19 +35,17 @@ if str(BENCH_DIR.parent) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from benchmarks.run import (  # noqa: E402
-    WORK_DIR,
-    Cell,
-    Options,
+from benchmarks.config import WORK_DIR, Cell, Options  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
     child_env,
     dsn,
     fresh_database,
     migrate,
-    percentile,
     produce,
     spawned,
     venturi_workers,
 )
+from benchmarks.latency import percentile  # noqa: E402
 
 WORKERS = Cell(processes=2, concurrency=32, verbosity=0)
 """The workers of the group and plain drains (the chain runs one job at a time anyway)."""

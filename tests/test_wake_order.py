@@ -115,7 +115,7 @@ def test_the_same_call_is_handed_on_at_most_once_per_interval_and_then_again() -
 
 # ---------------------------------------------------------------- real workers
 
-# Counts claim statements (see benchmarks/scale.py, which validates the match).
+# Counts claim statements (see benchmarks/scale_claims.py, which validates the match).
 CLAIM_COUNTER = """
 CREATE SEQUENCE venturi_test_claims;
 CREATE FUNCTION venturi_test_count_claim() RETURNS trigger LANGUAGE plpgsql AS $$
