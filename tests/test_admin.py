@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi.admin import jobs as venturi_admin
+from django_venturi.admin import job_list
 from django_venturi.models import Job, JournalEntry, WorkerProcess
 from tests.conftest import ROOT
 from tests.testapp import dedup_tasks, tasks
@@ -286,7 +286,7 @@ def test_changelist_query_count_does_not_grow_with_the_page(admin_client: Client
 def test_large_results_show_an_estimated_count(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(venturi_admin, "EXACT_COUNT_LIMIT", 20)
+    monkeypatch.setattr(job_list, "EXACT_COUNT_LIMIT", 20)
     Job.objects.bulk_create(
         Job(kind="tests.noop", payload={"n": i}, state="completed", finished_at=timezone.now())
         for i in range(30)

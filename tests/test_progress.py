@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 import django_venturi as venturi
-from django_venturi.admin.jobs import progress_text
+from django_venturi.admin.display import progress_text
 from django_venturi.models import Job
 from tests.conftest import Workers, wait_until
 from tests.testapp.control_tasks import ReportsProgress

@@ -3,6 +3,17 @@
 Django imports this package (admin autodiscovery); importing it registers the
 model admins. Nothing in django_venturi imports it. It may import everything
 else: it is the top of the house.
+
+- `jobs`: `JobAdmin`, the job list and a job's page, and the URLs of the extra pages;
+- `journal`: `JournalEntryAdmin`, every run of every job, read-only;
+- `periodic`: the periodic tasks' read-only page;
+- `job_list`: the job list's estimated count, filters, search and columns' rules;
+- `job_page`: a job's page: its form, journal inline, state history, workflow links;
+- `actions`: retry now and cancel, their confirmation page and the job page's buttons;
+- `cleanup`: the cleanup page for old finished jobs;
+- `stats`: the stats page: live counts, latency, orphans, the last hour and its chart;
+- `pauses`: the stats page's pause and resume buttons;
+- `display`: the small formatting helpers the pages share (times, ages, cut cells, JSON).
 """
 
-from django_venturi.admin import jobs, pauses, periodic  # noqa: F401 - registers the admins
+from django_venturi.admin import jobs, journal, periodic  # noqa: F401 - registers the admins
