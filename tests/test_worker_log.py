@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 import django_venturi as venturi
-from django_venturi.worker.log import FORMAT, BatchingStreamHandler, batched_lines
 from django_venturi.worker import log as worker_log
+from django_venturi.worker.log import FORMAT, BatchingStreamHandler, batched_lines
 from tests.conftest import ROOT, Workers, worker_env
 from tests.testapp import tasks
 
