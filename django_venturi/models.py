@@ -9,7 +9,30 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from django_venturi.payloads import stored
 from django_venturi.states import FINISHED_STATES, JournalOutcome, Priority, State
+
+
+class StoredJSONField(models.JSONField):
+    """A `JSONField` whose loads never raise: a value Python cannot read is `Unreadable`.
+
+    With psycopg 3 Django loads jsonb as text and reads it with `json.loads`,
+    which raises on valid JSON it cannot read (an integer of 5,000 digits, arrays
+    nested 11,000 deep: written by SQL). One such row would break every query
+    that loads it: lease recovery, the admin's list. See `payloads/stored.py`.
+
+    The migrations see a plain `JSONField` (`deconstruct`): the column is the same.
+    """
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        try:
+            return super().from_db_value(value, expression, connection)
+        except stored.READ_ERRORS as error:
+            return stored.unreadable(error)
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
 
 
 class Job(models.Model):
@@ -23,8 +46,8 @@ class Job(models.Model):
         help_text="Order within the priority tier, lower first (a Django Tasks priority, negated).",
     )
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
-    payload = models.JSONField(help_text="The task's dataclass fields as typed JSON.")
-    carry = models.JSONField(null=True, blank=True, help_text="The checkpoint of a paused job.")
+    payload = StoredJSONField(help_text="The task's dataclass fields as typed JSON.")
+    carry = StoredJSONField(null=True, blank=True, help_text="The checkpoint of a paused job.")
     # NULL, not "", means "no dedup key": the dedup unique index only covers keyed jobs.
     dedup_key = models.CharField(  # noqa: DJ001
         max_length=200, null=True, blank=True, help_text="What the task's dedup_key() returned."
@@ -47,13 +70,13 @@ class Job(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
-    result = models.JSONField(
+    result = StoredJSONField(
         null=True, blank=True, help_text="What the handler returned (Django Tasks jobs)."
     )
     cancel_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="When a cancel of this running job was asked."
     )
-    progress = models.JSONField(
+    progress = StoredJSONField(
         null=True, blank=True, help_text="The latest ctx.progress(): done, total, note, at."
     )
     periodic_tick = models.DateTimeField(
@@ -145,15 +168,21 @@ class Job(models.Model):
         return f"{self.kind} #{self.pk} ({self.state})"
 
     def masked_payload(self) -> Any:
-        """The stored payload with the task's secret fields masked (for screens and logs)."""
-        from django_venturi.payloads import codec
-        from django_venturi.registry import UnknownKind, registry
+        """The stored payload with the task's secret fields masked (for screens and logs).
 
-        try:
-            spec = registry.get(self.kind)
-        except UnknownKind:
-            return self.payload
-        return codec.masked(spec.cls, self.payload)
+        Masked by the declared types, at any depth (`payloads.masking`). A kind this
+        process has not registered shows its top-level keys only: which of its
+        values are secret is not known here.
+        """
+        from django_venturi.payloads import masking
+        from django_venturi.registry import TASKS_KIND_PREFIX, registry
+
+        if self.kind.startswith(TASKS_KIND_PREFIX):
+            return self.payload  # a Django Tasks job's arguments: no secret() field there
+        spec = registry.find(self.kind)
+        if spec is None:
+            return masking.hidden(self.payload)
+        return masking.masked(spec.cls, self.payload)
 
     def decoded_payload(self) -> Any:
         """Return the payload as an instance of its task class."""

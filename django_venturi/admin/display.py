@@ -9,6 +9,7 @@ and return text or safe HTML; none queries the database.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from django_venturi.models import Job, JournalEntry
+from django_venturi.payloads.stored import READ_ERRORS, Unreadable, unreadable
 
 
 def compact_time(moment: datetime | None) -> str:
@@ -94,15 +96,37 @@ def jobs(count: int) -> str:
 
 
 def pretty_json(value: Any) -> SafeString:
-    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+    """Indented JSON; a notice instead for a stored value Python cannot read or show."""
+    if isinstance(value, Unreadable):
+        return unreadable_notice(value)
+    try:
+        shown = json.dumps(value, indent=2, sort_keys=True)
+    except READ_ERRORS as error:  # readable, but too deep to write out again here
+        return unreadable_notice(unreadable(error))
+    return format_html("<pre>{}</pre>", shown)
+
+
+def unreadable_notice(value: Unreadable) -> SafeString:
+    return format_html(
+        '<div class="venturi-unreadable">The stored value cannot be read back: {}</div>',
+        value.reason,
+    )
 
 
 def progress_text(progress: object) -> str:
-    """`ctx.progress()` as one short line: "40 / 100 (40%) resizing images"."""
+    """`ctx.progress()` as one short line: "40 / 100 (40%) resizing images".
+
+    A row written by other means (SQL, another program) may hold anything there: a
+    `done` that is not a number shows as it is, without a percentage, and never fails
+    the list.
+    """
     if not isinstance(progress, dict):
         return "-"
     done, total, note = progress.get("done"), progress.get("total"), progress.get("note") or ""
     text = f"{done}"
     if isinstance(total, int | float) and total:
-        text += f" / {total} ({100 * float(done or 0) / total:.0f}%)"
+        text += f" / {total}"
+        if done is None or isinstance(done, int | float):
+            with contextlib.suppress(OverflowError):  # integers past float's range
+                text += f" ({100 * float(done or 0) / total:.0f}%)"
     return f"{text} {note}".strip()

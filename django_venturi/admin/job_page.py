@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin
@@ -23,6 +23,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_venturi.admin.display import help_texts, run_duration, to_the_second
+from django_venturi.admin.masking import job_mask
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import JournalOutcome, State
@@ -70,14 +71,23 @@ class JournalInline(JournalInlineBase):
     def error(self, entry: JournalEntry) -> SafeString | str:
         if not entry.error_type:
             return "-"
-        summary = f"{entry.error_type}: {entry.error_message}"
+        # The job's secret values hidden: the page's own job, not one load per entry.
+        mask = job_mask(self.job if self.job is not None else entry.job)
+        summary = mask.text(f"{entry.error_type}: {entry.error_message}")
         if not entry.traceback:
             return summary
         return format_html(
             '<details class="venturi-traceback"><summary>{}</summary><pre>{}</pre></details>',
             summary,
-            entry.traceback,
+            mask.text(entry.traceback),
         )
+
+    job: Job | None = None
+    """The job whose page shows this inline (`get_formset`)."""
+
+    def get_formset(self, request: HttpRequest, obj: Job | None = None, **kwargs: Any) -> Any:
+        self.job = obj  # an inline instance serves one request: Django makes one per page
+        return super().get_formset(request, obj, **kwargs)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
         return super().get_queryset(request).using(venturi_settings.DATABASE)
@@ -100,6 +110,14 @@ OUTCOME_LEADS_TO = {
 end `failed` instead: the job's current state on the last line says which)."""
 
 
+def journal_outcome(value: str) -> JournalOutcome | None:
+    """The outcome an entry names; None for one no venturi code writes (written by SQL)."""
+    try:
+        return JournalOutcome(value)
+    except ValueError:
+        return None
+
+
 def state_history(job: Job, entries: Sequence[JournalEntry]) -> list[tuple[datetime | None, str]]:
     """The states a job went through, from its enqueue time and its journal."""
     events: list[tuple[datetime | None, str]] = [(job.enqueued_at, "enqueued: ready")]
@@ -108,7 +126,8 @@ def state_history(job: Job, entries: Sequence[JournalEntry]) -> list[tuple[datet
             continue
         worker = f" by {entry.worker}" if entry.worker else ""
         events.append((entry.started_at, f"attempt {entry.attempt}{worker}: running"))
-        next_state = OUTCOME_LEADS_TO.get(JournalOutcome(entry.outcome))
+        outcome = journal_outcome(entry.outcome)
+        next_state = OUTCOME_LEADS_TO.get(outcome) if outcome else None
         events.append(
             (entry.finished_at, f"{entry.get_outcome_display()}: {next_state or job.state}")
         )

@@ -7,7 +7,11 @@ layer may use it.
 - `codec`: the entry points and errors callers import, and the hand-written
   (slow) path that handles every type and explains every refusal.
 - `fast`: the msgspec fast path `codec` asks first; it vouches or declines.
-- `fields`: what a payload class declares (field hints, secret fields and their
-  masking), shared by both paths and the admin; the lowest of the three.
+- `fields`: what a payload class declares (field hints, secret fields), shared by
+  both paths and the admin; the lowest of the three.
+- `masking`: stored JSON as screens may show it, `secret()` fields masked by the
+  declared type (and their values hidden in untyped JSON and text).
 - `text`: the text PostgreSQL can store.
+- `size`: how large an encoded value is; `PayloadTooLarge` for one over its limit.
+- `stored`: stored JSON read back; a value Python cannot read is `Unreadable`.
 """

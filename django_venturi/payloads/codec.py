@@ -11,8 +11,8 @@ name them by this module's path) and the slow path: the hand-written encoder and
 decoder, which handle every type and give every error, with the field's path.
 Each entry point asks the fast path first (`fast`: msgspec, for the types it
 mirrors exactly) and runs the slow path when it declines. What a payload class
-declares (field hints, secret fields and their masking) is read in `fields`,
-re-exported here; storable text is `text`'s.
+declares (field hints, secret fields) is read in `fields`, their masking for
+screens is `masking`'s, both re-exported here; storable text is `text`'s.
 """
 
 from __future__ import annotations
@@ -35,13 +35,12 @@ from django_venturi.payloads.fields import (
     MASK,
     SECRET,
     field_hints,
-    holds_secrets,
-    masked,
     secret,
     secret_fields,
     timedelta_from_json,
     timedelta_to_json,
 )
+from django_venturi.payloads.masking import holds_secrets, masked
 
 __all__ = [
     "JSON",

@@ -76,15 +76,20 @@ class ClaimedJob:
         claim_token: uuid.UUID,
         lease: timedelta,
         claim_sent: float | None = None,
+        with_data: bool = True,
     ) -> ClaimedJob:
-        """A claimed job built from a `Job` row and the claim's own values."""
+        """A claimed job built from a `Job` row and the claim's own values.
+
+        `with_data=False`: without its payload and carry (None), for a run that is
+        judged without running (lease recovery), from a row loaded without them.
+        """
         return cls(
             id=job.id,
             kind=job.kind,
             queue=job.queue,
             priority=job.priority,
-            payload=job.payload,
-            carry=job.carry,
+            payload=job.payload if with_data else None,
+            carry=job.carry if with_data else None,
             attempt=attempt,
             failures=job.failures,
             enqueued_at=job.enqueued_at,

@@ -30,8 +30,10 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from django_venturi.conf import venturi_settings
 from django_venturi.payloads import text
 from django_venturi.payloads.codec import PayloadError
+from django_venturi.payloads.size import check_size
 from django_venturi.registry import TaskSpec, UnknownKind, registry
 from django_venturi.states import Priority, State
 from django_venturi.store import dependencies
@@ -217,7 +219,10 @@ def new_payload(spec: TaskSpec, instance: object, decision: Merge) -> dict[str, 
     if decision.kind is MergeKind.REPLACE:
         return spec.encode(instance)
     if decision.kind is MergeKind.UPDATE:
-        return spec.encode(decision.payload)
+        payload = spec.encode(decision.payload)
+        limit = venturi_settings.MAX_PAYLOAD_BYTES
+        check_size(payload, f"{spec.cls.__qualname__}.merge()'s payload", limit)
+        return payload
     return None
 
 
@@ -357,11 +362,14 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     # The jobs whose verdict will apply and that really go back to `ready`: still
     # running under the claim token, and not asked to cancel (the write cancels
     # those instead, so they must not absorb anything).
+    # Their payloads are read only by a fold that merges (`_fold`), not by every write:
+    # deferred here and below.
     locked = {
         job.pk: job
         for job in Job.objects.using(alias)
         .select_for_update()
         .filter(id__in=[job_id for job_id, _, _ in keyed], state=State.RUNNING)
+        .defer("payload", "carry", "result", "progress")
         .order_by("id")
         if (job.pk, job.claim_token) in returning and job.cancel_requested_at is None
     }
@@ -375,6 +383,7 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
         Job.objects.using(alias)
         .select_for_update()
         .filter(of_keys, state=State.READY)
+        .defer("payload", "carry", "result", "progress")
         .order_by("id")
     )
     ready_by_key = {(job.kind, job.dedup_key): job for job in ready}

@@ -30,6 +30,23 @@ from django_venturi.store.completion import write_verdicts
 from django_venturi.store.verdicts import ErrorInfo
 
 RECOVERY_BATCH_SIZE = 100
+RECOVERY_FIELDS = (
+    "id",
+    "kind",
+    "queue",
+    "priority",
+    "state",
+    "dedup_key",
+    "attempt",
+    "failures",
+    "enqueued_at",
+    "started_at",
+    "claim_token",
+    "claimed_by",
+    "lease_expires_at",
+    "dependents",
+)
+"""What lease recovery loads of an expired job: what its lost run's verdict needs."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -181,6 +198,9 @@ def _recover(
     expired: QuerySet[Job],
     skip: Callable[[Job], bool] = lambda job: False,
 ) -> list[int]:
+    # Only the fields a lost run's verdict needs: never the payload, carry or result,
+    # which recovery has no use for (and which may be a value Python cannot read).
+    expired = expired.only(*RECOVERY_FIELDS)
     with transaction.atomic(using=alias):
         rows = [
             job
@@ -207,6 +227,7 @@ def _lost_run(job: Job) -> verdicts.Verdict:
         started_at=job.started_at or job.enqueued_at,
         claim_token=job.claim_token or uuid.UUID(int=0),
         lease=timedelta(0),
+        with_data=False,
     )
     error = ErrorInfo.from_reason(
         f"the lease of worker {job.claimed_by or '?'} expired at {job.lease_expires_at}; "

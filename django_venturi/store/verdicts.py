@@ -14,6 +14,7 @@ from typing import Any
 from django_venturi.conf import venturi_settings
 from django_venturi.outcomes import Outcome, OutcomeKind, TaskError
 from django_venturi.payloads import codec, text
+from django_venturi.payloads.size import check_size
 from django_venturi.registry import TaskSpec
 from django_venturi.states import JournalOutcome, State
 from django_venturi.store.backoff import Fibonacci, clamp_delay
@@ -225,6 +226,7 @@ def from_outcome(job: ClaimedJob, spec: TaskSpec, result: object) -> Verdict:
     if result.kind is OutcomeKind.PAUSED:
         try:
             carry = spec.encode_carry(result.carry)
+            check_size(carry, f"{spec.cls.__name__}.carry", venturi_settings.MAX_PAYLOAD_BYTES)
         except Exception as error:  # a PayloadError, or whatever encoding user types raised
             return failed(job, ErrorInfo.from_exception(error))
         return Verdict(
@@ -249,6 +251,7 @@ def _completed_with(job: ClaimedJob, result: Any) -> Verdict:
         return completed(job)
     try:
         stored = codec.encode_value(result, Any, "result")
+        check_size(stored, "result", venturi_settings.MAX_PAYLOAD_BYTES)
     except Exception as error:  # a PayloadError, or whatever the value's methods raised
         return failed(job, ErrorInfo.from_exception(error))
     return dataclasses.replace(completed(job), set_result=True, result=stored)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_venturi.context import Context, Flag
+from django_venturi.payloads import stored
 from django_venturi.payloads.codec import PayloadError
 from django_venturi.registry import TaskSpec, UnknownKind, registry
 from django_venturi.states import JournalOutcome
@@ -99,13 +100,17 @@ class Execution:
             spec = registry.get(self.job.kind)
         except UnknownKind as error:
             return verdicts.failed(self.job, ErrorInfo.from_exception(error))
+        decoding = "payload"
         try:
             instance = spec.decode(self.job.payload)
+            decoding = "carry"
             carry = spec.decode_carry(self.job.carry)
         except PayloadError as error:
             info = ErrorInfo.from_exception(error)
             message = f"the stored payload does not fit {spec.origin}: {info.message}"
             return verdicts.failed(self.job, ErrorInfo(info.type, message, info.traceback))
+        except RecursionError as error:  # readable, but too deep to decode into its types
+            return unreadable_verdict(self.job, decoding, stored.unreadable(error))
         context = Context(
             job_id=self.job.id,
             attempt=self.job.attempt,
@@ -123,6 +128,9 @@ class Execution:
 
     def run_sync(self) -> Verdict:
         """Run a sync handler in the calling thread."""
+        unreadable = unreadable_row(self.job)
+        if unreadable is not None:
+            return self._judged(unreadable)
         if runner.is_tasks_job(self.job):
             return runner.run_sync(self)
         prepared = self.prepare()
@@ -152,6 +160,9 @@ class Execution:
 
     async def run_async(self) -> Verdict:
         """Run an `async def` handler on the calling event loop, cancelled at its timeout."""
+        unreadable = unreadable_row(self.job)
+        if unreadable is not None:
+            return self._judged(unreadable)
         if runner.is_tasks_job(self.job):
             return await runner.run_async(self)
         prepared = self.prepare()
@@ -182,3 +193,26 @@ class Execution:
         if self.cancel_requested.is_set() and verdict.outcome is not JournalOutcome.CANCELLED:
             return verdicts.cancelled(self.job)
         return verdict
+
+
+def unreadable_row(job: ClaimedJob) -> Verdict | None:
+    """A permanent failure if the row's payload or carry is one Python cannot read.
+
+    Before anything else looks at them (a Django Tasks job's envelope too): such a
+    row fails alone and for good, since running it again would read the same bytes.
+    """
+    for name, value in (("payload", job.payload), ("carry", job.carry)):
+        if isinstance(value, stored.Unreadable):
+            return unreadable_verdict(job, name, value)
+    return None
+
+
+def unreadable_verdict(job: ClaimedJob, name: str, value: stored.Unreadable) -> Verdict:
+    """`stored payload unreadable: ...`, naming the carry when it is the carry."""
+    where = "" if name == "payload" else f"{name}: "
+    message = f"{stored.UNREADABLE_PREFIX}{where}{value.reason}"
+    return verdicts.failed(job, ErrorInfo.from_reason(message, type=UNREADABLE_ERROR_TYPE))
+
+
+UNREADABLE_ERROR_TYPE = "django_venturi.UnreadablePayload"
+"""The journal's error type of a job failed on a stored value Python cannot read."""

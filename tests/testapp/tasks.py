@@ -317,3 +317,15 @@ class BackendPid(venturi.Task):
             (pid,) = cursor.fetchone()
         record(ctx, "backend_pid", pid)
         return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.leaky_login", max_attempts=1)
+@dataclasses.dataclass
+class LeakyLogin(venturi.Task):
+    """Fails with an error that quotes its secret field, as an HTTP client's often does."""
+
+    user: str
+    token: str = venturi.secret()
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        raise PermissionError(f"401 for https://api.example/login?token={self.token}")
