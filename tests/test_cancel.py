@@ -62,7 +62,9 @@ def test_cancelling_a_job_that_finished_meanwhile_changes_nothing(
 ) -> None:
     job = tasks.Noop().enqueue(using=alias)
     workers.burst(alias)
-    assert venturi.cancel(job.id, using=alias) == venturi.CancelResult(cancelled=0, stopping=0)
+    assert venturi.cancel(job.id, using=alias) == venturi.CancelResult(
+        cancelled=0, stopping=0, already_finished=1
+    )
     job.refresh_from_db()
     assert job.state == venturi.State.COMPLETED and job.cancel_requested_at is None
     assert journal(alias, job) == ["completed"]
@@ -89,3 +91,55 @@ def test_a_requeue_of_a_job_asked_to_cancel_cancels_it(alias: str) -> None:
     job.refresh_from_db()
     assert job.state == venturi.State.CANCELLED and job.finished_at is not None
     assert journal(alias, job) == ["cancelled"]
+
+
+def test_cancel_says_what_it_did_with_each_job(alias: str) -> None:
+    """Cancelled, stopping, already finished, unknown: each distinct id counted once."""
+    ready, running, waiting, completed, failed, cancelled = venturi.enqueue_many(
+        [tasks.Noop(n=i) for i in range(6)], using=alias
+    )
+    jobs = Job.objects.using(alias)
+    jobs.filter(pk=running.pk).update(
+        state=venturi.State.RUNNING,
+        attempt=1,
+        claim_token=uuid.uuid4(),
+        lease_expires_at=running.enqueued_at + timedelta(minutes=5),
+    )
+    jobs.filter(pk=waiting.pk).update(state=venturi.State.WAITING, waiting_for=1)
+    for job, finished in [
+        (completed, venturi.State.COMPLETED),
+        (failed, venturi.State.FAILED),
+        (cancelled, venturi.State.CANCELLED),
+    ]:
+        jobs.filter(pk=job.pk).update(state=finished, finished_at=job.enqueued_at)
+    gone = cancelled.pk + 1000
+    asked = [ready, running.pk, waiting, completed.pk, failed, cancelled.pk, gone, gone, ready.pk]
+
+    result = venturi.cancel(asked, using=alias)
+
+    assert result == venturi.CancelResult(cancelled=2, stopping=1, already_finished=3, unknown=1)
+    states = dict(jobs.values_list("id", "state"))
+    assert states[ready.pk] == states[waiting.pk] == venturi.State.CANCELLED
+    assert states[running.pk] == venturi.State.RUNNING
+    assert (states[completed.pk], states[failed.pk]) == ("completed", "failed")
+    # Again: the two it cancelled have finished; the running one is still stopping.
+    again = venturi.cancel([ready, waiting, running], using=alias)
+    assert again == venturi.CancelResult(cancelled=0, stopping=1, already_finished=2)
+    assert venturi.cancel([], using=alias) == venturi.CancelResult(0, 0, 0, 0)
+
+
+def test_cancel_result_keeps_its_two_field_constructor() -> None:
+    result = venturi.CancelResult(cancelled=2, stopping=1)
+    assert (result.already_finished, result.unknown) == (0, 0)
+    assert result == venturi.CancelResult(2, 1, 0, 0)
+
+
+@pytest.mark.parametrize("bad", ["12", b"12", [1.5], [True], [None]])
+def test_cancel_refuses_what_is_not_a_job_or_an_id(bad: object) -> None:
+    with pytest.raises(TypeError, match=r"cancel\(jobs=\.\.\.\): expected a Job"):
+        venturi.cancel(bad)  # type: ignore[arg-type]
+
+
+def test_cancel_refuses_an_unsaved_job() -> None:
+    with pytest.raises(ValueError, match=r"cancel\(jobs=\.\.\.\): .* has no id"):
+        venturi.cancel(Job(kind="tests.noop"))

@@ -383,15 +383,17 @@ class Lifecycle(RuleBasedStateMachine):
         known = sorted(self.jobs)
         ids = data.draw(st.lists(st.sampled_from(known), max_size=3)) if known else []
         result = venturi.cancel(ids, using=self.alias)
-        ready = [i for i in set(ids) if i not in self.deleted and self.jobs[i].state == "ready"]
-        stopping = [
-            i
-            for i in set(ids)
-            if i not in self.deleted
-            and self.jobs[i].state == "running"
-            and not self.jobs[i].cancel_requested
-        ]
-        assert result == venturi.CancelResult(cancelled=len(ready), stopping=len(stopping))
+        present = [i for i in set(ids) if i not in self.deleted]
+        ready = [i for i in present if self.jobs[i].state == "ready"]
+        # Running jobs asked before are stopping all the same.
+        stopping = [i for i in present if self.jobs[i].state == "running"]
+        finished = [i for i in present if self.jobs[i].finished]
+        assert result == venturi.CancelResult(
+            cancelled=len(ready),
+            stopping=len(stopping),
+            already_finished=len(finished),
+            unknown=len(set(ids)) - len(present),
+        )
         for job_id in ready:
             self.jobs[job_id].state = "cancelled"
         for job_id in stopping:

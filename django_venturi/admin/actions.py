@@ -10,17 +10,19 @@ say which of them applies to a job's state.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import quote
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
 from django_venturi.admin.display import jobs
+from django_venturi.admin.job_list import typed_job_id
 from django_venturi.models import Job
 from django_venturi.states import State
 from django_venturi.store.cancel import cancel
@@ -84,6 +86,25 @@ def button_url(action: Confirmation, job: Job) -> str:
     return reverse(f"admin:django_venturi_job_{action.button}", args=[quote(job.pk)])
 
 
+def refuse_unusable_selection(
+    model_admin: admin.ModelAdmin[Job], request: HttpRequest
+) -> HttpResponse | None:
+    """Refuse a selection holding something that is no job id ("²", 5,000 digits, text).
+
+    Django would look each value up as an id and fail the page; instead nothing is
+    done and a message names the field. None when every selected value is a job id.
+    """
+    for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+        if typed_job_id(value) is None:
+            model_admin.message_user(
+                request,
+                f"{ACTION_CHECKBOX_NAME}: {reprlib.repr(value)} is not a job id; nothing was done.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(request.get_full_path())
+    return None
+
+
 def retry_action(
     model_admin: admin.ModelAdmin[Job], request: HttpRequest, queryset: QuerySet[Job]
 ) -> HttpResponse | None:
@@ -122,6 +143,15 @@ def cancel_action(
         f"{jobs(result.cancelled)} cancelled; {jobs(result.stopping)} running asked to stop.",
         messages.SUCCESS,
     )
+    if result.already_finished:
+        left = "left as it is" if result.already_finished == 1 else "left as they are"
+        model_admin.message_user(
+            request, f"{jobs(result.already_finished)} already finished: {left}.", messages.INFO
+        )
+    if result.unknown:
+        model_admin.message_user(
+            request, f"{jobs(result.unknown)} no longer there (deleted meanwhile).", messages.INFO
+        )
     return None
 
 

@@ -15,7 +15,8 @@ from datetime import datetime
 
 from django.db import connections, transaction
 
-from django_venturi.conf import venturi_settings
+from django_venturi.conf import PAUSE_CHANNEL_SUFFIX, venturi_settings
+from django_venturi.payloads import text
 from django_venturi.registry import MAX_KIND_LENGTH, MAX_QUEUE_LENGTH, validate_name
 from django_venturi.store.notify import wake_workers
 
@@ -43,7 +44,7 @@ class Paused:
 
 def pause_channel() -> str:
     """The PostgreSQL channel that tells workers a pause or resume happened."""
-    return f"{venturi_settings.NOTIFY_CHANNEL}_pause"
+    return venturi_settings.NOTIFY_CHANNEL + PAUSE_CHANNEL_SUFFIX
 
 
 def pause(
@@ -58,6 +59,8 @@ def pause(
     scope, name = _target(queue, kind)
     if not isinstance(by, str) or not by:
         raise ValueError(f"by must name who pauses (a non-empty str), got {by!r}")
+    if problem := text.problem(by):
+        raise ValueError(f"by {problem}")
     alias = using or venturi_settings.DATABASE
     with transaction.atomic(using=alias):
         _, created = Pause.objects.using(alias).get_or_create(

@@ -88,3 +88,29 @@ class ReportsProgress(venturi.Task):
             if ctx.should_stop:
                 return venturi.Outcome.paused(None)
         return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.checkpoints", carry=int)
+@dataclasses.dataclass
+class Checkpoints(venturi.Task):
+    """Never done: each run works `step_seconds`, then checkpoints with `Outcome.paused`."""
+
+    step_seconds: float = 0.002
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        time.sleep(self.step_seconds)
+        return venturi.Outcome.paused((ctx.carry or 0) + 1)
+
+
+@venturi.task(kind="tests.keeps_failing", backoff=NO_WAIT, max_attempts=1_000_000_000)
+@dataclasses.dataclass
+class KeepsFailing(venturi.Task):
+    """Never done: each run works `step_seconds`, then fails (retried at once, never gives up)."""
+
+    step_seconds: float = 0.002
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        time.sleep(self.step_seconds)
+        if ctx.attempt % 2:
+            raise RuntimeError("fails every run")
+        return venturi.Outcome.retry()
