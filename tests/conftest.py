@@ -77,6 +77,20 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def django_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `python -m django <args>` in a subprocess with this run's settings; never raises on
+    its exit status (the caller asserts what it expects)."""
+    return subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        env=worker_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 class Workers:
     """Starts `manage.py venturi_worker` subprocesses and cleans up after them."""
 
@@ -88,12 +102,13 @@ class Workers:
         return [sys.executable, "-m", "django", "venturi_worker", "--database", alias, *args]
 
     def burst(
-        self, alias: str, *args: str, timeout: float = 90
+        self, alias: str, *args: str, timeout: float = 90, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run a burst worker to the end; fail the test if it does not exit 0."""
+        """Run a burst worker to the end (`env` adds to its environment); fail the test if it
+        does not exit 0."""
         result = subprocess.run(
             self.command(alias, "--burst", *args),
-            env=worker_env(),
+            env={**worker_env(), **(env or {})},
             cwd=ROOT,
             capture_output=True,
             text=True,

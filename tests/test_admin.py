@@ -554,6 +554,17 @@ def test_cancel_cancels_ready_jobs_and_asks_running_ones_to_stop(admin_client: C
     assert running.state == "running" and running.cancel_requested_at is not None
 
 
+def test_cancel_says_which_jobs_had_already_finished(admin_client: Client) -> None:
+    ready = tasks.Noop(n=1).enqueue()
+    done, failed = finished("completed"), finished("failed")
+    response = act(admin_client, "cancel_jobs", [ready, done, failed], confirm=True)
+    page = response.content.decode()
+    assert "1 job cancelled; 0 jobs running asked to stop." in page
+    assert "2 jobs already finished: left as they are." in page
+    done.refresh_from_db()
+    assert done.state == "completed"
+
+
 def test_delete_removes_jobs_with_their_journal(admin_client: Client) -> None:
     job = finished("completed")
     JournalEntry.objects.create(job=job, attempt=1, outcome="completed")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import logging
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 import django_venturi as venturi
 from django_venturi.worker import log as worker_log
 from django_venturi.worker.log import FORMAT, BatchingStreamHandler, batched_lines
-from tests.conftest import ROOT, Workers, worker_env
+from tests.conftest import Workers
 from tests.testapp import tasks
 
 
@@ -70,15 +69,7 @@ def test_a_warning_in_a_batch_and_a_line_outside_one_are_flushed_at_once(
 def test_a_worker_at_the_default_verbosity_logs_every_run(workers: Workers) -> None:
     venturi.enqueue_many([tasks.Noop(n=i) for i in range(300)])
     failed = tasks.Permanent().enqueue()
-    result = subprocess.run(
-        workers.command("default", "--burst"),
-        env={**worker_env(), "VENTURI_TEST_WORKER_LOG": "1"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=True,
-    )
+    result = workers.burst("default", env={"VENTURI_TEST_WORKER_LOG": "1"})
     lines = result.stderr.splitlines()
     assert lines[0].split(" ")[2:4] == ["INFO", "django_venturi.worker"], lines[0]
     completed = [line for line in lines if " INFO " in line and line.endswith(": completed")]

@@ -4,9 +4,9 @@
   the registry and the model (no DISTINCT over the table), no related rows per
   line, and an estimated count once the result passes `EXACT_COUNT_LIMIT`
   (`job_list`).
-- A job's page shows its payload (secret fields masked) and carry as indented
-  JSON, the states it went through, and its journal with folded tracebacks
-  (`job_page`).
+- A job's page shows its payload, carry and result as indented JSON, the states
+  it went through, and its journal with folded tracebacks (`job_page`); no page
+  shows a `venturi.secret()` value, in any shape or copied anywhere (`masking`).
 - Actions, each behind its own permission and a confirmation page (`actions`):
   retry now (`retry_job`), cancel (`cancel_job`), delete (Django's delete
   permission), and a cleanup page for old finished jobs (`cleanup_jobs`; `cleanup`).
@@ -50,6 +50,7 @@ from django_venturi.admin.actions import (
     button_url,
     cancel_action,
     cancel_button_label,
+    refuse_unusable_selection,
     retry_action,
     retry_button_label,
 )
@@ -66,12 +67,14 @@ from django_venturi.admin.job_list import (
     HasErrorFilter,
     KindFilter,
     QueueFilter,
+    checked_changelist,
     has_current_error,
-    refuse_unstorable_parameters,
+    job_id_search,
     search_jobs,
     state_age,
 )
 from django_venturi.admin.job_page import JobAdminForm, JournalInline, state_history, workflow_links
+from django_venturi.admin.masking import UNFILTERED_FIELDS, job_mask
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job, JournalEntry
 from django_venturi.states import LIVE_STATES
@@ -216,7 +219,8 @@ class JobAdmin(JobAdminBase):
         """The first line of a current error (`has_current_error`); nothing for an old one."""
         if not has_current_error(job):
             return ""
-        first_line = job.last_error.strip().splitlines()[0] if job.last_error.strip() else ""
+        last_error = job_mask(job).text(job.last_error)
+        first_line = last_error.strip().splitlines()[0] if last_error.strip() else ""
         error_type, colon, message = first_line.partition(": ")
         # A give-up says so first; the state column says it too, so show the error itself.
         message = message.partition(GAVE_UP_SEPARATOR)[2] or message
@@ -224,7 +228,7 @@ class JobAdmin(JobAdminBase):
             first_line = message
         elif colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
             first_line = f"{error_type.rpartition('.')[2]}: {message}"
-        return cut(first_line, title=job.last_error)
+        return cut(first_line, title=last_error)
 
     # ------------------------------------------------------------ the job page
 
@@ -234,11 +238,11 @@ class JobAdmin(JobAdminBase):
 
     @admin.display(description="carry")
     def carry_json(self, job: Job) -> SafeString:
-        return pretty_json(job.carry)
+        return pretty_json(job_mask(job).carry())
 
     @admin.display(description="result")
     def result_json(self, job: Job) -> SafeString:
-        return pretty_json(job.result)
+        return pretty_json(job_mask(job).result())
 
     @admin.display(description="enqueued after")
     def dependencies_list(self, job: Job) -> SafeString | str:
@@ -256,13 +260,14 @@ class JobAdmin(JobAdminBase):
     def last_error_text(self, job: Job) -> SafeString | str:
         if not job.last_error:
             return "-"
+        last_error = job_mask(job).text(job.last_error)
         if has_current_error(job):
-            return format_html("<pre>{}</pre>", job.last_error)
+            return format_html("<pre>{}</pre>", last_error)
         return format_html(
             '<div class="venturi-earlier">From an earlier run; the job is {} now.</div>'
             "<pre>{}</pre>",
             job.state,
-            job.last_error,
+            last_error,
         )
 
     @admin.display(description="state history")
@@ -279,9 +284,14 @@ class JobAdmin(JobAdminBase):
         """Jobs live in `VENTURI["DATABASE"]`, which need not be `default`."""
         return super().get_queryset(request).using(venturi_settings.DATABASE)
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Job | None:
+        """An empty `?_to_field=` names no field: Django would look for a field named ""."""
+        return super().get_object(request, object_id, from_field or None)
+
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        refuse_unstorable_parameters(request)
-        return super().get_changelist_instance(request)
+        return checked_changelist(request, super().get_changelist_instance)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
@@ -291,18 +301,19 @@ class JobAdmin(JobAdminBase):
         Text search reads every row (`icontains`), so it takes seconds on millions of jobs;
         an id never does. The autocomplete of a job field searches here too.
         """
-        term = search_term.strip().removeprefix("#")
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
+        found = job_id_search(request, queryset, search_term, "pk")
+        if found is not None:
+            return found, False
         return search_jobs(queryset, search_term), False
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         """No filter on the payload from the URL (`?payload__password__startswith=a`).
 
         Django allows any lookup on the model's own fields; one on the payload would
-        test a secret field's value without showing it, one guess at a time.
+        test a secret field's value without showing it, one guess at a time. The
+        same holds for the carry, the result and the last error (`UNFILTERED_FIELDS`).
         """
-        if lookup.split(LOOKUP_SEP)[0] == "payload":
+        if lookup.split(LOOKUP_SEP)[0] in UNFILTERED_FIELDS:
             return False
         return super().lookup_allowed(lookup, value, request)
 
@@ -352,6 +363,13 @@ class JobAdmin(JobAdminBase):
     @admin.action(description="Cancel (running jobs are asked to stop)", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         return cancel_action(self, request, queryset)
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        """Refuse selected values that are no job id before Django looks them up."""
+        refused = refuse_unusable_selection(self, request)
+        return refused or super().response_action(request, queryset, *args, **kwargs)
 
     # ------------------------------------------------------------ extra pages
 

@@ -11,12 +11,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
 from django_venturi.admin.display import cut, date_over_time, run_duration, to_the_second
-from django_venturi.admin.job_list import EstimatedCountPaginator, refuse_unstorable_parameters
+from django_venturi.admin.job_list import (
+    EstimatedCountPaginator,
+    checked_changelist,
+    job_id_search,
+    search_words,
+)
+from django_venturi.admin.masking import UNFILTERED_JOURNAL_FIELDS, job_mask, searchable
 from django_venturi.conf import venturi_settings
 from django_venturi.models import JournalEntry
 from django_venturi.store.verdicts import ErrorInfo
@@ -57,8 +64,8 @@ class JournalEntryAdmin(JournalEntryAdminBase):
         "finished_at_text",
         "outcome",
         "error_type",
-        "error_message",
-        "traceback",
+        "error_message_text",
+        "traceback_text",
     )
     fields = readonly_fields
     paginator = EstimatedCountPaginator
@@ -80,28 +87,55 @@ class JournalEntryAdmin(JournalEntryAdminBase):
 
     @admin.display(description="error")
     def error_cell(self, entry: JournalEntry) -> SafeString | str:
-        return (
-            cut(ErrorInfo(entry.error_type, entry.error_message).summary())
-            if entry.error_type
-            else "-"
-        )
+        if not entry.error_type:
+            return "-"
+        summary = ErrorInfo(entry.error_type, entry.error_message).summary()
+        return cut(job_mask(entry.job).text(summary))
+
+    @admin.display(description="error message")
+    def error_message_text(self, entry: JournalEntry) -> str:
+        """The message, with the values of the job's secret fields hidden (`masking`)."""
+        return job_mask(entry.job).text(entry.error_message)
+
+    @admin.display(description="traceback")
+    def traceback_text(self, entry: JournalEntry) -> str:
+        return job_mask(entry.job).text(entry.traceback)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JournalEntry]:
         return super().get_queryset(request).using(venturi_settings.DATABASE)
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> JournalEntry | None:
+        """An empty `?_to_field=` names no field: Django would look for a field named ""."""
+        return super().get_object(request, object_id, from_field or None)
+
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        refuse_unstorable_parameters(request)
-        return super().get_changelist_instance(request)
+        return checked_changelist(request, super().get_changelist_instance)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JournalEntry], search_term: str
     ) -> tuple[QuerySet[JournalEntry], bool]:
         """A number is a job id: that job's runs. Text searches what the list and page show
-        (never a payload, so never a secret field)."""
-        term = search_term.strip().removeprefix("#")
-        if term.isdigit():
-            return queryset.filter(job_id=int(term)), False
-        return super().get_search_results(request, queryset, search_term)
+        (never a payload); the error message only for kinds that cannot hold a secret
+        (`masking.searchable`), since a handler's message may quote one."""
+        found = job_id_search(request, queryset, search_term, "job_id")
+        if found is not None:
+            return found, False
+        message_searchable = searchable("job__kind")
+        for word in search_words(search_term):
+            queryset = queryset.filter(
+                Q(job__kind__icontains=word)
+                | Q(error_type__icontains=word)
+                | (Q(error_message__icontains=word) & message_searchable)
+            )
+        return queryset, False
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        """No filter on a message or traceback from the URL: one may quote a secret."""
+        if lookup.split(LOOKUP_SEP)[0] in UNFILTERED_JOURNAL_FIELDS:
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

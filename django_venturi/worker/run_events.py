@@ -11,6 +11,8 @@ from typing import Any
 
 from django.dispatch import Signal
 
+from django_venturi.payloads import masking
+from django_venturi.registry import registry
 from django_venturi.states import JournalOutcome
 from django_venturi.store.claim import ClaimedJob
 from django_venturi.store.verdicts import Verdict
@@ -78,7 +80,7 @@ class RunEvents:
                 job.kind,
                 job.attempt,
                 verdict.outcome,
-                verdict.error.summary(),
+                without_secrets(job, verdict.error.summary()),
             )
         else:
             message = "job %d (%s) attempt %d: %s"
@@ -95,3 +97,17 @@ class RunEvents:
 
 _LINE = RunEvents.verdict.__code__.co_firstlineno
 """The line the per-run records name as theirs (`lineno`)."""
+
+
+def without_secrets(job: ClaimedJob, text: str) -> str:
+    """`text` with the values of the job's `venturi.secret()` fields hidden: a handler's
+    exception may quote one (`payloads.masking`; the admin hides them the same way)."""
+    spec = registry.find(job.kind)
+    if spec is None:
+        return text
+    carry_type = spec.carry if spec.carry is not None else object
+    if not (masking.holds_secrets(spec.cls) or masking.holds_secrets(carry_type)):
+        return text
+    texts = masking.secret_texts(spec.cls, job.payload)
+    texts |= masking.secret_texts(carry_type, job.carry)
+    return masking.redact_text(text, texts)
