@@ -13,7 +13,17 @@ from django.core.checks import Warning as CheckWarning
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from django_venturi.conf import DEFAULTS, venturi_settings
+from django_venturi.conf import (
+    DEFAULTS,
+    MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
+    MAX_DURATION,
+    MAX_IDENTIFIER_BYTES,
+    MAX_POLL_INTERVAL,
+    MAX_SHUTDOWN_TIMEOUT,
+    notify_channels,
+    venturi_settings,
+)
 from django_venturi.observe import telemetry
 from django_venturi.store import statements
 
@@ -24,26 +34,42 @@ def _error(key: str, message: str, id: str) -> Error:
     return Error(f"VENTURI[{key!r}] {message}", hint=HINT, obj="settings.VENTURI", id=id)
 
 
-def _is_duration(value: Any) -> bool:
+def _is_duration(value: Any, longest: timedelta = MAX_DURATION) -> bool:
+    """A positive timedelta or number of seconds, at most `longest` (NaN and inf are not)."""
     if isinstance(value, timedelta):
-        return value > timedelta(0)
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        return timedelta(0) < value <= longest
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value <= longest.total_seconds()
+    )
 
 
 def _is_positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-DURATIONS = (
-    "DEFAULT_LEASE",
-    "HEARTBEAT_INTERVAL",
-    "RESCUE_INTERVAL",
-    "POLL_INTERVAL",
-    "SHUTDOWN_TIMEOUT",
-    "TIMEOUT_GRACE",
-    "PERIODIC_INTERVAL",
-)
-POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE")
+DURATIONS: dict[str, timedelta] = {
+    "DEFAULT_LEASE": MAX_DURATION,
+    "HEARTBEAT_INTERVAL": MAX_DURATION,
+    "RESCUE_INTERVAL": MAX_DURATION,
+    "POLL_INTERVAL": MAX_POLL_INTERVAL,
+    "SHUTDOWN_TIMEOUT": MAX_SHUTDOWN_TIMEOUT,
+    "TIMEOUT_GRACE": MAX_DURATION,
+    "PERIODIC_INTERVAL": MAX_DURATION,
+}
+"""Each duration setting and its longest value."""
+POSITIVE_INTS: dict[str, int] = {"CONCURRENCY": MAX_CONCURRENCY, "BATCH_SIZE": MAX_BATCH_SIZE}
+"""Each whole-number setting and its largest value."""
+
+
+def _longest(limit: timedelta) -> str:
+    """`1 hour`, `365 days`: a limit as the checks' messages say it."""
+    if limit % timedelta(days=1) == timedelta(0):
+        days = limit.days
+        return f"{days} day" + ("" if days == 1 else "s")
+    hours = limit // timedelta(hours=1)
+    return f"{hours} hour" + ("" if hours == 1 else "s")
 
 
 @register(Tags.compatibility)
@@ -63,12 +89,22 @@ def check_settings(
         )
     checks: list[tuple[str, Callable[[Any], bool], str, str]] = [
         *(
-            (key, _is_duration, "must be a positive timedelta or number of seconds", "venturi.E003")
-            for key in DURATIONS
+            (
+                key,
+                lambda v, longest=longest: _is_duration(v, longest),
+                f"must be a positive timedelta or number of seconds, at most {_longest(longest)}",
+                "venturi.E003",
+            )
+            for key, longest in DURATIONS.items()
         ),
         *(
-            (key, _is_positive_int, "must be a positive int", "venturi.E004")
-            for key in POSITIVE_INTS
+            (
+                key,
+                lambda v, largest=largest: _is_positive_int(v) and v <= largest,
+                f"must be a whole number from 1 to {largest}",
+                "venturi.E004",
+            )
+            for key, largest in POSITIVE_INTS.items()
         ),
         (
             "DATABASE",
@@ -112,12 +148,6 @@ def check_settings(
             "must be True or False",
             "venturi.E020",
         ),
-        (
-            "NOTIFY_CHANNEL",
-            lambda v: isinstance(v, str) and v.isidentifier() and len(v) < 64,
-            "must be an identifier shorter than 64 characters",
-            "venturi.E011",
-        ),
     ]
     for key, valid, message, check_id in checks:
         if key in user and not valid(user[key]):
@@ -136,8 +166,10 @@ def check_settings(
     for key, valid, message, check_id in more:
         if key in user and not valid(user[key]):
             errors.append(_error(key, f"{message}, got {user[key]!r}", check_id))
+    errors.extend(check_notify_channel(user))
     errors.extend(_check_lease_margin(user))
     errors.extend(check_retention(user))
+    errors.extend(check_payload_limit(user))
     if "METRICS" in user and not isinstance(user["METRICS"], bool):
         errors.append(
             _error("METRICS", f"must be True or False, got {user['METRICS']!r}", "venturi.E036")
@@ -251,6 +283,40 @@ def _valid_queue(value: Any) -> bool:
     return True
 
 
+def check_notify_channel(user: dict[str, Any]) -> list[CheckMessage]:
+    """NOTIFY_CHANNEL and the channels venturi derives from it must each fit PostgreSQL's
+    identifier limit, counted in bytes of UTF-8 as PostgreSQL counts it (`venturi.E011`).
+
+    Past it, `pg_notify` fails (every enqueue, or every `cancel()`) and `LISTEN`
+    truncates the name without an error, so a worker would wait on another channel.
+    """
+    if "NOTIFY_CHANNEL" not in user:
+        return []
+    value = user["NOTIFY_CHANNEL"]
+    if not isinstance(value, str) or not value.isidentifier():
+        return [
+            _error(
+                "NOTIFY_CHANNEL",
+                f"must be an identifier (letters, digits and _), got {value!r}",
+                "venturi.E011",
+            )
+        ]
+    longest = max(notify_channels(value), key=lambda channel: len(channel.encode()))
+    size = len(longest.encode())
+    if size <= MAX_IDENTIFIER_BYTES:
+        return []
+    room = MAX_IDENTIFIER_BYTES - (size - len(value.encode()))
+    return [
+        _error(
+            "NOTIFY_CHANNEL",
+            f"is {len(value.encode())} bytes of UTF-8 ({value!r}): venturi also uses the "
+            f"channel {longest!r} ({size} bytes), and PostgreSQL allows {MAX_IDENTIFIER_BYTES} "
+            f"bytes, so the setting may have at most {room} bytes",
+            "venturi.E011",
+        )
+    ]
+
+
 def _check_lease_margin(user: dict[str, Any]) -> list[CheckMessage]:
     from django_venturi.conf import as_timedelta
 
@@ -269,6 +335,27 @@ def _check_lease_margin(user: dict[str, Any]) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+LARGEST_PAYLOAD_LIMIT = 268_435_455
+"""The largest `MAX_PAYLOAD_BYTES`: PostgreSQL's jsonb holds no value over this many bytes."""
+
+
+def check_payload_limit(user: dict[str, Any]) -> list[CheckMessage]:
+    """MAX_PAYLOAD_BYTES is None or a whole number of bytes jsonb can hold (`venturi.E014`)."""
+    if "MAX_PAYLOAD_BYTES" not in user:
+        return []
+    value = user["MAX_PAYLOAD_BYTES"]
+    if value is None or (_is_positive_int(value) and value <= LARGEST_PAYLOAD_LIMIT):
+        return []
+    return [
+        _error(
+            "MAX_PAYLOAD_BYTES",
+            f"must be None (no limit) or a whole number of bytes from 1 to "
+            f"{LARGEST_PAYLOAD_LIMIT} (PostgreSQL's jsonb limit), got {value!r}",
+            "venturi.E014",
+        )
+    ]
 
 
 @register(Tags.compatibility)

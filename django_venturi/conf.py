@@ -6,7 +6,9 @@ override it with `override_settings`. `checks.py` validates every key.
 
 from __future__ import annotations
 
+import math
 import re
+import reprlib
 from datetime import timedelta
 from typing import Any
 
@@ -37,7 +39,36 @@ DEFAULTS: dict[str, Any] = {
     "PERIODIC_CATCH_UP": None,
     "RETENTION": None,
     "METRICS": False,
+    "MAX_PAYLOAD_BYTES": 1_000_000,
 }
+
+# Upper bounds of the settings and of the flags that override them. Past them a
+# worker cannot work (threads, timeouts and waits overflow), so a check or the
+# command refuses the value and names it, instead of a traceback or an abort.
+MAX_CONCURRENCY = 1000
+"""The most handler slots of a worker (`CONCURRENCY`, `--concurrency`, `--kind-concurrency`):
+each is a thread, and a busy one holds a database connection."""
+MAX_BATCH_SIZE = 10_000
+"""The most jobs one claim takes (`BATCH_SIZE`, `--batch-size`)."""
+MAX_POLL_INTERVAL = timedelta(hours=1)
+"""The longest `POLL_INTERVAL` (`--poll-interval`): an idle worker looks at least this often."""
+MAX_SHUTDOWN_TIMEOUT = timedelta(days=1)
+"""The longest `SHUTDOWN_TIMEOUT` (`--shutdown-timeout`)."""
+MAX_DURATION = timedelta(days=365)
+"""The longest value of the other duration settings (leases, intervals, grace)."""
+
+MAX_IDENTIFIER_BYTES = 63
+"""PostgreSQL's longest identifier, channel names included: NAMEDATALEN - 1 bytes of UTF-8.
+`pg_notify` refuses a longer channel and `LISTEN` silently truncates it."""
+CANCEL_CHANNEL_SUFFIX = "_cancel"
+"""Appended to `NOTIFY_CHANNEL`: the channel of cancel requests (`store/cancel.py`)."""
+PAUSE_CHANNEL_SUFFIX = "_pause"
+"""Appended to `NOTIFY_CHANNEL`: the channel of pauses and resumes (`store/pauses.py`)."""
+
+
+def notify_channels(base: str) -> list[str]:
+    """Every channel venturi LISTENs and NOTIFYs on when `NOTIFY_CHANNEL` is `base`."""
+    return [base, base + CANCEL_CHANNEL_SUFFIX, base + PAUSE_CHANNEL_SUFFIX]
 
 
 class VenturiSettings:
@@ -180,20 +211,43 @@ class VenturiSettings:
         """Record OpenTelemetry metrics and spans (needs the `metrics` extra)."""
         return bool(self._get("METRICS"))
 
+    @property
+    def MAX_PAYLOAD_BYTES(self) -> int | None:
+        """The largest payload, carry or result, in bytes of compact JSON; None: no limit."""
+        value = self._get("MAX_PAYLOAD_BYTES")
+        return None if value is None else int(value)
+
 
 AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+AGE_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+MAX_AGE = timedelta(days=365_000)
+"""The longest age `as_age` accepts, about 1,000 years: `now - age` must stay a time
+Python and PostgreSQL can hold (Python's end at year 1; `9999999999d` overflowed)."""
 
 
 def as_age(value: Any) -> timedelta:
-    """Accept a timedelta, a number of seconds, or text like `30m`, `12h`, `7d`, `2w`."""
+    """Accept a timedelta, a number of seconds, or text like `30m`, `12h`, `7d`, `2w`
+    (ASCII digits), at most `MAX_AGE` either way; raise ValueError for anything else."""
     if isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*", value)
         if not match:
-            raise ValueError(f"expected an age like 7d, 12h or 30m, got {value!r}")
-        return timedelta(**{AGE_UNITS[match[2]]: float(match[1])})
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise ValueError(f"expected a timedelta, seconds or an age like 7d, got {value!r}")
-    return as_timedelta(value)
+            raise ValueError(f"expected an age like 7d, 12h or 30m, got {reprlib.repr(value)}")
+        seconds: float = float(match[1]) * AGE_UNIT_SECONDS[match[2]]  # inf past float's range
+    elif isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError("expected a number of seconds, got nan")
+        seconds = value
+    else:
+        raise ValueError(
+            f"expected a timedelta, seconds or an age like 7d, got {reprlib.repr(value)}"
+        )
+    if abs(seconds) > MAX_AGE.total_seconds():
+        raise ValueError(
+            f"{reprlib.repr(value)} is too long an age: at most {MAX_AGE.days}d (about 1,000 years)"
+        )
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
 def as_timedelta(value: Any) -> timedelta:

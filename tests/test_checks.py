@@ -51,7 +51,9 @@ def test_the_message_names_the_setting_and_the_value() -> None:
         pytest.raises(SystemCheckError) as raised,
     ):
         call_command("check")
-    assert "VENTURI['CONCURRENCY'] must be a positive int, got 'ten'" in str(raised.value)
+    assert "VENTURI['CONCURRENCY'] must be a whole number from 1 to 1000, got 'ten'" in str(
+        raised.value
+    )
 
 
 def test_sqlite_without_immediate_transactions_is_a_warning() -> None:

@@ -170,14 +170,17 @@ def test_cancel_finishes_ready_jobs_and_asks_running_ones_to_stop(alias: str) ->
         state=venturi.State.COMPLETED, finished_at=timezone.now()
     )
     result = venturi.cancel([ready, running.pk, done], using=alias)
-    assert result == venturi.CancelResult(cancelled=1, stopping=1)
+    assert result == venturi.CancelResult(cancelled=1, stopping=1, already_finished=1)
     rows = {job.pk: job for job in Job.objects.using(alias).all()}
     assert rows[ready.pk].state == venturi.State.CANCELLED
     assert rows[ready.pk].finished_at is not None
     assert rows[running.pk].state == venturi.State.RUNNING
     assert rows[running.pk].cancel_requested_at is not None
     assert rows[done.pk].state == venturi.State.COMPLETED
-    assert venturi.cancel(running.pk, using=alias) == venturi.CancelResult(0, 0)
+    # Asked already: still stopping, and the first request's time stays.
+    asked_at = rows[running.pk].cancel_requested_at
+    assert venturi.cancel(running.pk, using=alias) == venturi.CancelResult(0, 1)
+    assert Job.objects.using(alias).get(pk=running.pk).cancel_requested_at == asked_at
 
 
 @pytest.mark.django_db(transaction=False, databases=["default"])

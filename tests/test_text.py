@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import importlib
+import json
 import math
 import re
+from collections.abc import Iterator
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
@@ -26,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import django_venturi as venturi
+from django_venturi.conf import venturi_settings
 from django_venturi.context import Flag
 from django_venturi.models import Job, JournalEntry
 from django_venturi.payloads import text
@@ -46,6 +49,21 @@ FIXED = {
 """What free text becomes once stored, before any note, for the samples that change."""
 REFUSED = ("nul", "surrogate", "pair")
 """Samples refused as data: the pair too, since it would not read back as given."""
+
+
+@pytest.fixture(autouse=True)
+def no_payload_limit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The megabyte sample goes into payloads, carries and results past the default
+    `MAX_PAYLOAD_BYTES`: here (and in workers) there is no limit, to store it as given.
+    The limit itself: tests/test_payload_limit.py. (Not `override_settings`: under it,
+    `settings.SETTINGS_MODULE` is None and no worker could be started.)"""
+    from django.conf import settings as django_settings
+
+    monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps({"MAX_PAYLOAD_BYTES": None}))
+    monkeypatch.setitem(django_settings.VENTURI, "MAX_PAYLOAD_BYTES", None)
+    venturi_settings.forget()
+    yield
+    venturi_settings.forget()
 
 
 def stored(sample: str, limit: int | None = None) -> str:
@@ -118,8 +136,8 @@ def test_an_exception_whose_str_raises_still_gives_an_error() -> None:
 def test_outcomes_refuse_what_is_not_a_reason_or_a_delay() -> None:
     with pytest.raises(TypeError, match="reason must be a str"):
         venturi.Outcome.failed(None)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="after must be a timedelta or None, got int"):
-        venturi.Outcome.retry(after=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="after must be a timedelta, a number of seconds or None"):
+        venturi.Outcome.retry(after="5")  # type: ignore[arg-type]
 
 
 def test_progress_notes_are_made_storable_and_figures_must_be_json_numbers() -> None:

@@ -11,27 +11,36 @@ column and filter share (`CURRENT_ERROR`, `has_current_error`), the text search
 from __future__ import annotations
 
 import json
+import reprlib
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.text import smart_split, unescape_string_literal
 
+from django_venturi.admin import masking
 from django_venturi.admin.display import short_age
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job
-from django_venturi.payloads import codec, text
+from django_venturi.payloads import text
 from django_venturi.registry import registry
 from django_venturi.states import State
 
 EXACT_COUNT_LIMIT = 10_000
 """Results up to this size are counted exactly; past it the planner's estimate is shown."""
+
+BIGINT_MAX = 2**63 - 1
+"""The largest id a job can have (PostgreSQL's bigint): a larger number is no job's id."""
+
+Listed = TypeVar("Listed", bound=Model)
 
 
 def refuse_unstorable_parameters(request: HttpRequest) -> None:
@@ -43,6 +52,65 @@ def refuse_unstorable_parameters(request: HttpRequest) -> None:
     for key, values in request.GET.lists():
         if any(text.problem(value) for value in [key, *values]):
             raise IncorrectLookupParameters("a parameter holds a character the database refuses")
+
+
+def checked_changelist(request: HttpRequest, build: Callable[[HttpRequest], Any]) -> Any:
+    """`build(request)`, a model admin's change list, after `refuse_unstorable_parameters`.
+
+    When the list cannot use its parameters (`?priority__exact=²`, a page past the
+    last, a NUL), Django shows it without them and says nothing: a message names them.
+    """
+    try:
+        refuse_unstorable_parameters(request)
+        return build(request)
+    except IncorrectLookupParameters:
+        if ERROR_FLAG not in request.GET:  # else Django shows its own error page
+            named = ", ".join(
+                f"{key}={reprlib.repr(value)}"
+                for key, value in request.GET.items()
+                if key != ERROR_FLAG
+            )
+            messages.warning(
+                request,
+                f"The list cannot use {named}: it is shown without them.",
+                fail_silently=True,
+            )
+        raise
+
+
+def typed_job_id(typed: str) -> int | None:
+    """A job id as a user types it: ASCII digits up to `BIGINT_MAX`; None for anything else.
+
+    `str.isdigit()` also accepts "²" (which `int()` refuses) and "٣" (which it reads
+    as 3), and `int()` refuses more than 4,300 digits: none of them may reach a query.
+    """
+    if not (typed.isascii() and typed.isdigit()) or len(typed) > len(str(BIGINT_MAX)):
+        return None
+    number = int(typed)
+    return number if number <= BIGINT_MAX else None
+
+
+def job_id_search(
+    request: HttpRequest, queryset: QuerySet[Listed], search_term: str, field: str
+) -> QuerySet[Listed] | None:
+    """The rows whose `field` is the job id a search names ("123" or "#123"), or None when
+    the search is text (unicode digits such as "²" are text).
+
+    A number past `BIGINT_MAX` is no job's id: a message says so and nothing is found,
+    without a query that would overflow.
+    """
+    term = search_term.strip().removeprefix("#")
+    if not (term.isascii() and term.isdigit()):
+        return None
+    job_id = typed_job_id(term)
+    if job_id is None:
+        messages.warning(
+            request,
+            f"A job id is at most {BIGINT_MAX}: no job has id {reprlib.repr(term)}.",
+            fail_silently=True,
+        )
+        return queryset.none()
+    return queryset.filter(**{field: job_id})
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -141,20 +209,28 @@ class HasErrorFilter(admin.SimpleListFilter):
 def search_jobs(queryset: QuerySet[Job], search_term: str) -> QuerySet[Job]:
     """Jobs whose kind, dedup key or payload holds every word of the search.
 
-    The payload is searched only for kinds without `venturi.secret()` fields: the
-    job page masks those, and a search would reveal them a prefix at a time.
+    The payload is searched only for kinds that cannot hold a `venturi.secret()`
+    field (`masking.searchable`): the job page masks those, and a search would
+    reveal them a prefix at a time.
     """
-    secret_kinds = [spec.kind for spec in registry.specs() if codec.holds_secrets(spec.cls)]
-    payload_searchable = ~Q(kind__in=secret_kinds) if secret_kinds else Q()
-    for word in smart_split(search_term):
-        if word[:1] in "\"'" and word[-1:] == word[:1]:
-            word = unescape_string_literal(word)
+    payload_searchable = masking.searchable()
+    for word in search_words(search_term):
         queryset = queryset.filter(
             Q(kind__icontains=word)
             | Q(dedup_key__icontains=word)
             | (Q(payload__icontains=word) & payload_searchable)
         )
     return queryset
+
+
+def search_words(search_term: str) -> list[str]:
+    """The words of a search, as Django's admin splits them ("quoted words" are one)."""
+    words = []
+    for word in smart_split(search_term):
+        if word[:1] in "\"'" and word[-1:] == word[:1]:
+            word = unescape_string_literal(word)
+        words.append(word)
+    return words
 
 
 def state_age(job: Job, now: datetime) -> str:

@@ -8,9 +8,10 @@ and calls `stats_page`; `?refresh=10` reloads the page every 10 seconds.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -24,6 +25,9 @@ from django_venturi.store import registration, tallies
 
 CHART_BAR_WIDTH = 10
 CHART_HEIGHT = 120
+MIN_REFRESH_SECONDS = 2
+MAX_REFRESH_SECONDS = 86_400
+"""`?refresh=` past a day is refused: the page would never reload in practice."""
 
 
 def stats_page(model_admin: admin.ModelAdmin[Job], request: HttpRequest) -> TemplateResponse:
@@ -63,9 +67,27 @@ def live_rows(snapshot: Stats) -> list[dict[str, Any]]:
 
 
 def refresh_seconds(request: HttpRequest) -> int | None:
-    """`?refresh=10` reloads the stats page every 10 s (at least 2 s; none by default)."""
-    value = request.GET.get("refresh", "")
-    return max(int(value), 2) if value.isdigit() and int(value) > 0 else None
+    """`?refresh=10` reloads the stats page every 10 s (at least 2 s; none by default or 0).
+
+    Anything but a whole number of seconds up to `MAX_REFRESH_SECONDS` in ASCII
+    digits ("²", "1.5", 5,000 digits) is refused with a message; the page then
+    does not reload itself.
+    """
+    value = request.GET.get("refresh", "").strip()
+    if not value:
+        return None
+    limit = str(MAX_REFRESH_SECONDS)
+    if value.isascii() and value.isdigit() and len(value.lstrip("0")) <= len(limit):
+        seconds = int(value)
+        if seconds <= MAX_REFRESH_SECONDS:
+            return max(seconds, MIN_REFRESH_SECONDS) if seconds else None
+    messages.warning(
+        request,
+        f"refresh: expected a whole number of seconds from 0 to {limit}, got "
+        f"{reprlib.repr(value)}; the page does not reload itself.",
+        fail_silently=True,
+    )
+    return None
 
 
 def last_hour_by_kind(alias: str, snapshot: Stats) -> list[dict[str, Any]]:

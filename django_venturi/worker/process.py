@@ -34,7 +34,13 @@ from types import FrameType
 
 from django.db import connections
 
-from django_venturi.conf import as_timedelta, venturi_settings
+from django_venturi.conf import (
+    MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
+    MAX_POLL_INTERVAL,
+    MAX_SHUTDOWN_TIMEOUT,
+    venturi_settings,
+)
 from django_venturi.observe import telemetry
 from django_venturi.payloads import text
 from django_venturi.registry import registry
@@ -46,6 +52,7 @@ from django_venturi.store.completion import write_verdicts
 from django_venturi.store.pauses import pause_channel
 from django_venturi.store.verdicts import Verdict
 from django_venturi.tasks_backend import runner
+from django_venturi.worker import options
 from django_venturi.worker.claimer import Claimer
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
@@ -103,16 +110,25 @@ class Worker:
         """Name every kind in the start-up line (`-v 2`), not only the first few."""
         self.kind_concurrency = dict(kind_concurrency or {})
         """Per-worker caps: at most N jobs of a kind at once in this process."""
-        self.concurrency = concurrency or venturi_settings.CONCURRENCY
-        self.shutdown_timeout = as_timedelta(
-            venturi_settings.SHUTDOWN_TIMEOUT if shutdown_timeout is None else shutdown_timeout
-        ).total_seconds()
-        self.poll_interval = as_timedelta(
-            venturi_settings.POLL_INTERVAL if poll_interval is None else poll_interval
-        ).total_seconds()
+        self.concurrency = options.whole_number(
+            "concurrency", concurrency or venturi_settings.CONCURRENCY, largest=MAX_CONCURRENCY
+        )
+        self.shutdown_timeout = options.seconds(
+            "shutdown_timeout",
+            venturi_settings.SHUTDOWN_TIMEOUT if shutdown_timeout is None else shutdown_timeout,
+            longest=MAX_SHUTDOWN_TIMEOUT,
+            zero=True,
+        )
+        self.poll_interval = options.seconds(
+            "poll_interval",
+            venturi_settings.POLL_INTERVAL if poll_interval is None else poll_interval,
+            longest=MAX_POLL_INTERVAL,
+        )
         self.burst = burst
         self.database = database or venturi_settings.DATABASE
-        self.batch_size = batch_size or venturi_settings.BATCH_SIZE
+        self.batch_size = options.whole_number(
+            "batch_size", batch_size or venturi_settings.BATCH_SIZE, largest=MAX_BATCH_SIZE
+        )
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         _check_name(self.name)
         self.heartbeat_interval = self._heartbeat_interval()
@@ -144,6 +160,7 @@ class Worker:
             wake=self._wake_claimer,
         )
         self.health.on_database_error = self._on_database_error
+        self.orphan_watch = OrphanWatch(alias=self.database, worker=self.name, queues=self.queues)
         self.heartbeat = Heartbeat(
             alias=self.database,
             worker=self.name,
@@ -153,7 +170,7 @@ class Worker:
             register=self._register,
             processed=lambda: self.processed,
             on_cancel=self._cancel_requested,
-            orphan_watch=OrphanWatch(alias=self.database, worker=self.name, queues=self.queues),
+            orphan_watch=self.orphan_watch,
             see_peers=self._see_peers,
         )
         listening = connections[self.database].vendor == "postgresql"
@@ -230,6 +247,9 @@ class Worker:
         telemetry.install(database=self.database)
         self._start_services()
         self.health.guarded(self._register, what="registering the worker")
+        self.health.guarded(
+            self.orphan_watch.look_at_start, what="looking for jobs no worker can run"
+        )
         try:
             Sweeper.start_if_configured(alias=self.database, stop=self._stop)
             self.claimer.loop()

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_venturi.conf import as_age
-from django_venturi.management.commands.venturi_worker import positive_int
+from django_venturi.management import flags
 from django_venturi.states import FINISHED_STATES, State
 from django_venturi.store.retention import DEFAULT_BATCH_SIZE, CleanupResult, cleanup
 
@@ -45,9 +45,15 @@ class Command(BaseCommand):
             default=list(FINISHED_STATES),
             help="Comma-separated finished states (default: completed,failed,cancelled).",
         )
-        parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
+        parser.add_argument(
+            "--batch-size",
+            type=flags.cleanup_batch_size,
+            default=DEFAULT_BATCH_SIZE,
+            help=f"Jobs deleted per transaction, 1 to {flags.MAX_CLEANUP_BATCH_SIZE} "
+            f"(default: {DEFAULT_BATCH_SIZE}).",
+        )
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
-        parser.add_argument("--database", default=None, help="Database alias holding the jobs.")
+        flags.add_database(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         on_terminal = sys.stdout.isatty()

@@ -12,17 +12,30 @@ with a warning, since it is often a typo.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_venturi.management import flags
 from django_venturi.management.commands.venturi_worker import default_queues
+from django_venturi.payloads import text as stored_text
 from django_venturi.registry import registry
 from django_venturi.store.pauses import API, pause, paused, resume
 
 ACTIONS = ("pause", "resume", "list")
+
+
+def who(text: str) -> str:
+    """`--by`: text the database can store, not blank."""
+    problem = stored_text.problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name who pauses")
+    return text
 
 
 class Command(BaseCommand):
@@ -40,9 +53,12 @@ class Command(BaseCommand):
             help="A task kind to act on (repeat for several).",
         )
         parser.add_argument(
-            "--by", default=API, help=f'Who pauses, as the stats show it (default "{API}").'
+            "--by",
+            type=who,
+            default=API,
+            help=f'Who pauses, as the stats show it (default "{API}").',
         )
-        parser.add_argument("--database", default=None, help="Database alias holding the jobs.")
+        flags.add_database(parser)
         parser.add_argument("--json", action="store_true", help="list: print JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:

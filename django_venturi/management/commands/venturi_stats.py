@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_venturi.management.commands.venturi_worker import positive_seconds
+from django_venturi.management import flags
 from django_venturi.observe.snapshot import Stats, stats
 from django_venturi.store.orphan_kinds import OrphanKind
 
@@ -38,9 +38,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
         parser.add_argument(
-            "--watch", type=positive_seconds, default=None, metavar="S", help="Repeat every S s."
+            "--watch",
+            type=flags.watch_interval,
+            default=None,
+            metavar="S",
+            help=f"Repeat every S s (more than 0, at most {flags.MAX_WATCH_SECONDS:g}).",
         )
-        parser.add_argument("--database", default=None, help="Database alias holding the jobs.")
+        flags.add_database(parser)
         parser.add_argument(
             "--check-workers",
             action="store_true",
@@ -49,7 +53,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--check-orphans",
             action="store_true",
-            help="Health check: exit 1 if due jobs wait that no live worker can run.",
+            help="Health check: exit 1 if due jobs wait that no live worker can run (none "
+            "can when no worker is live).",
         )
         parser.add_argument(
             "--host",
@@ -58,10 +63,11 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--stale-after",
-            type=positive_seconds,
+            type=flags.stale_after,
             default=None,
             metavar="S",
-            help="A heartbeat older than S seconds is stale (default: 3 heartbeat intervals).",
+            help="A heartbeat older than S seconds is stale (more than 0, at most "
+            f"{flags.MAX_STALE_AFTER_SECONDS:g}; default: 3 heartbeat intervals).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -103,12 +109,36 @@ class Command(BaseCommand):
         snapshot = stats(using=options["database"], stale_after=_stale_after(options))
         if snapshot.orphan_kinds:
             raise CommandError(orphans_line(snapshot.orphan_kinds))
-        self.stdout.write("ok: every due job has a live worker that can run it")
+        due = sum(snapshot.due.values())
+        live = [worker for worker in snapshot.workers if not worker.stale]
+        if due and not live:
+            # No live worker at all: `orphan_kinds` is empty then (it compares live
+            # workers), yet every due job waits.
+            raise CommandError(no_live_worker_line(snapshot))
+        if not due:
+            self.stdout.write("ok: no job is due" + ("" if live else " (and no worker is live)"))
+            return
+        self.stdout.write(
+            f"ok: every due job ({due}) has a live worker that can run it "
+            f"({len(live)} live worker{'' if len(live) == 1 else 's'})"
+        )
 
 
 def _stale_after(options: dict[str, Any]) -> timedelta | None:
     seconds = options["stale_after"]
     return None if seconds is None else timedelta(seconds=seconds)
+
+
+def no_live_worker_line(snapshot: Stats) -> str:
+    """Due jobs wait and no worker is live: how many, where, and the stale workers if any."""
+    due = sum(snapshot.due.values())
+    queues = ", ".join(f"{jobs} in {queue}" for queue, jobs in sorted(snapshot.due.items()))
+    stale = [worker.name for worker in snapshot.workers if worker.stale]
+    detail = f"; stale: {', '.join(stale)}" if stale else ""
+    return (
+        f"{due} due job{'' if due == 1 else 's'} ({queues}) and no live worker to run "
+        f"{'it' if due == 1 else 'them'}{detail}: start one with 'manage.py venturi_worker'"
+    )
 
 
 def orphans_line(orphans: list[OrphanKind]) -> str:

@@ -16,38 +16,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_venturi.checks import sqlite_transaction_mode_errors
-from django_venturi.conf import venturi_settings
+from django_venturi.conf import (
+    MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
+    MAX_POLL_INTERVAL,
+    MAX_SHUTDOWN_TIMEOUT,
+    venturi_settings,
+)
+from django_venturi.management import flags
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
 from django_venturi.worker.log import stderr_handler
 from django_venturi.worker.process import Worker, WorkerFailed
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return value
 
 
 def queue_list(text: str) -> list[str]:
@@ -66,7 +46,10 @@ def kind_caps(text: str) -> dict[str, int]:
         kind, sep, number = item.strip().rpartition("=")
         if not sep or not kind:
             raise argparse.ArgumentTypeError(f"expected kind=N, got {item.strip()!r}")
-        caps[kind] = positive_int(number)
+        try:
+            caps[kind] = flags.concurrency(number)
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"{kind}={number}: {error}") from None
     return caps
 
 
@@ -84,38 +67,38 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=flags.concurrency,
             default=None,
-            help="Handler slots (default: VENTURI CONCURRENCY, 10).",
+            help=f"Handler slots, 1 to {MAX_CONCURRENCY} (default: VENTURI CONCURRENCY, 10).",
         )
         parser.add_argument(
             "--shutdown-timeout",
-            type=seconds,
+            type=flags.shutdown_timeout,
             default=None,
-            help="Seconds running jobs get after SIGTERM (default: VENTURI SHUTDOWN_TIMEOUT, 30).",
+            help="Seconds running jobs get after SIGTERM, 0 to "
+            f"{MAX_SHUTDOWN_TIMEOUT.total_seconds():g} (default: VENTURI SHUTDOWN_TIMEOUT, 30).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=positive_seconds,
+            type=flags.poll_interval,
             default=None,
-            help="Seconds between polls without notifications (default: VENTURI POLL_INTERVAL, 1).",
+            help="Seconds between polls without notifications, more than 0 and at most "
+            f"{MAX_POLL_INTERVAL.total_seconds():g} (default: VENTURI POLL_INTERVAL, 1).",
         )
         parser.add_argument(
             "--batch-size",
-            type=positive_int,
+            type=flags.batch_size,
             default=None,
-            help="Most jobs per claim (default: VENTURI BATCH_SIZE, 500).",
+            help=f"Most jobs per claim, 1 to {MAX_BATCH_SIZE} (default: VENTURI BATCH_SIZE, 500).",
         )
-        parser.add_argument(
-            "--database", default=None, help="Database alias holding the jobs (VENTURI DATABASE)."
-        )
+        flags.add_database(parser, default_note=" (VENTURI DATABASE)")
         parser.add_argument(
             "--kind-concurrency",
             type=kind_caps,
             default=None,
             metavar="KIND=N[,KIND=N]",
-            help="At most N jobs of KIND at once in this worker (the task's concurrency= "
-            "caps all workers together).",
+            help=f"At most N (1 to {MAX_CONCURRENCY}) jobs of KIND at once in this worker (the "
+            "task's concurrency= caps all workers together).",
         )
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once no job is running and none is due."
