@@ -6,6 +6,10 @@ batch goes in as one JSON document of rows, so it is one round trip. Other
 databases use the ORM.
 
 Jobs with a dedup key take another path, one job at a time: see `dedup.py`.
+
+Why one file: checking a job (`prepare`), the INSERT statements and building the
+returned `Job`s from what was sent are one path, measured and tuned together;
+apart, each piece would only make sense read beside the others.
 """
 
 from __future__ import annotations
@@ -18,23 +22,27 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import OperationalError, ProgrammingError, connections, transaction
 from django.db.models import NOT_PROVIDED, signals
 from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job
+from django_venturi.payloads.size import PayloadTooLarge, check_size
 from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, spec_of, validate_name
 from django_venturi.states import Priority, State
-from django_venturi.store import dedup, dependencies, merging, statements
-from django_venturi.store.backoff import MAX_DELAY
+from django_venturi.store import dedup, dependencies, merging, missing_tables, statements
+from django_venturi.store.backoff import MAX_DELAY, checked_delay
 from django_venturi.store.clock import check_representable
 from django_venturi.store.dedup import key_of
 
 PRIORITY_VALUES = frozenset(Priority.values)
 INSERT_BATCH_SIZE = 5000
 """Rows per INSERT statement in `enqueue_many` (all in the caller's transaction)."""
+INSERT_BATCH_BYTES = 64_000_000
+"""And at most this many bytes of payloads per INSERT (past its first row): a batch
+goes in as one jsonb document, which PostgreSQL refuses over 268,435,455 bytes."""
 
 
 @dataclass(slots=True)
@@ -51,6 +59,8 @@ class NewJob:
     dedup_key: str | None = None
     instance: object = None
     """The task instance, for its `merge()` on a dedup clash."""
+    size: int = 0
+    """The payload's size, in bytes of compact JSON (`payloads.size.encoded_size`)."""
 
 
 def job_database(using: str | None) -> str:
@@ -61,7 +71,7 @@ def job_database(using: str | None) -> str:
 def enqueue_one(
     instance: object,
     *,
-    delay: timedelta | None = None,
+    delay: timedelta | float | None = None,
     run_at: datetime | None = None,
     priority: Priority | None = None,
     queue: str | None = None,
@@ -86,7 +96,7 @@ def enqueue_one(
 def enqueue_many(
     instances: Iterable[object],
     *,
-    delay: timedelta | None = None,
+    delay: timedelta | float | None = None,
     run_at: datetime | None = None,
     priority: Priority | None = None,
     queue: str | None = None,
@@ -97,9 +107,10 @@ def enqueue_many(
     """Insert many jobs (of any kinds) in the caller's transaction, one INSERT per batch.
 
     Every payload is checked before anything is written: one bad payload raises
-    and writes nothing. All or nothing: outside a transaction the batches run in
-    one of their own, so an error in any of them writes none. Returns the rows
-    in the order given.
+    and writes nothing (one over `VENTURI["MAX_PAYLOAD_BYTES"]` raises
+    `PayloadTooLarge` naming its place in the batch). All or nothing: outside a
+    transaction the batches run in one of their own, so an error in any of them
+    writes none. Returns the rows in the order given.
 
     Raises what `prepare` raises for a bad task or option (`TypeError`,
     `ValueError`, `PayloadError`), what a task's `dedup_key()` or
@@ -114,22 +125,43 @@ def enqueue_many(
     `dependencies.py`); `after_failure="run"` runs them even if some fail or are
     cancelled. Raises `UnknownDependency` for an id with no job.
     """
-    new_jobs = [
-        prepare(instance, delay=delay, run_at=run_at, priority=priority, queue=queue)
-        for instance in instances
-    ]
+    given = instances if isinstance(instances, list | tuple) else list(instances)
+    new_jobs: list[NewJob] = []
+    for index, instance in enumerate(given):
+        try:
+            job = prepare(instance, delay=delay, run_at=run_at, priority=priority, queue=queue)
+        except PayloadTooLarge as error:
+            raise error.in_batch(index, len(given)) from None
+        new_jobs.append(job)
     alias = job_database(using)
+    try:
+        return _write(alias, new_jobs, after, after_failure)
+    except (ProgrammingError, OperationalError) as error:
+        # Before `migrate`: say so instead of "relation does not exist" (costs
+        # nothing unless the write failed).
+        clearer = missing_tables.explained(alias, error)
+        if clearer is None:
+            raise
+        raise clearer from error
+
+
+def _write(
+    alias: str,
+    new_jobs: Sequence[NewJob],
+    after: Iterable[Job | int] | None,
+    after_failure: str,
+) -> list[Job]:
     if after is not None:
         return _enqueue_after(alias, new_jobs, after, after_failure)
     plain = [job for job in new_jobs if job.dedup_key is None]
     if len(plain) == len(new_jobs):
         # One batch is one statement, atomic on its own; more are one transaction,
         # so a failing later batch takes the earlier ones with it.
-        several = len(new_jobs) > INSERT_BATCH_SIZE
+        batches = _batches(new_jobs)
         jobs: list[Job] = []
-        with transaction.atomic(using=alias) if several else nullcontext():
-            for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
-                jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
+        with transaction.atomic(using=alias) if len(batches) > 1 else nullcontext():
+            for batch in batches:
+                jobs.extend(_insert(alias, new_jobs[batch]))
         return jobs
     return _enqueue_mixed(alias, new_jobs)
 
@@ -147,8 +179,8 @@ def _enqueue_after(
             alias, ids, jobs=len(new_jobs), run_after_failure=run_after_failure
         )
         jobs: list[Job] = []
-        for start in range(0, len(new_jobs), INSERT_BATCH_SIZE):
-            jobs.extend(_insert(alias, new_jobs[start : start + INSERT_BATCH_SIZE]))
+        for batch in _batches(new_jobs):
+            jobs.extend(_insert(alias, new_jobs[batch]))
         dependencies.attach(alias, jobs, waits_for)
     return jobs
 
@@ -158,10 +190,10 @@ def _enqueue_mixed(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
         return [merging.enqueue_keyed(alias, new_jobs[0], insert_keyed)]
     results: list[Job | None] = [None] * len(new_jobs)
     plain = [index for index, job in enumerate(new_jobs) if job.dedup_key is None]
+    plain_jobs = [new_jobs[index] for index in plain]
     with transaction.atomic(using=alias):
-        for start in range(0, len(plain), INSERT_BATCH_SIZE):
-            chunk = plain[start : start + INSERT_BATCH_SIZE]
-            for index, job in zip(chunk, _insert(alias, [new_jobs[i] for i in chunk]), strict=True):
+        for batch in _batches(plain_jobs):
+            for index, job in zip(plain[batch], _insert(alias, plain_jobs[batch]), strict=True):
                 results[index] = job
         # Keys in a stable order, so that two batches sharing keys lock them alike;
         # duplicates within the batch keep their order and merge one after another.
@@ -175,10 +207,24 @@ def _enqueue_mixed(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
     return [job for job in results if job is not None]
 
 
+def _batches(new_jobs: Sequence[NewJob]) -> list[slice]:
+    """`new_jobs` cut into INSERT statements: each of at most INSERT_BATCH_SIZE rows and,
+    past its first row, INSERT_BATCH_BYTES of payloads."""
+    batches, start, weight = [], 0, 0
+    for index, job in enumerate(new_jobs):
+        if index > start and (
+            index - start == INSERT_BATCH_SIZE or weight + job.size > INSERT_BATCH_BYTES
+        ):
+            batches.append(slice(start, index))
+            start, weight = index, 0
+        weight += job.size
+    return [*batches, slice(start, len(new_jobs))] if new_jobs else []
+
+
 def prepare(
     instance: object,
     *,
-    delay: timedelta | None,
+    delay: timedelta | float | None,
     run_at: datetime | None,
     priority: Priority | None,
     queue: str | None,
@@ -187,10 +233,7 @@ def prepare(
     spec: TaskSpec = spec_of(instance)
     if delay is not None and run_at is not None:
         raise ValueError("give delay or run_at, not both")
-    if delay is not None and not isinstance(delay, timedelta):
-        raise TypeError(f"delay must be a timedelta, got {type(delay).__name__}")
-    if delay is not None and not -MAX_DELAY <= delay <= MAX_DELAY:
-        raise ValueError(f"delay must be within {MAX_DELAY.days} days (MAX_DELAY), got {delay}")
+    wait = None if delay is None else checked_delay(delay, "delay", longest=MAX_DELAY)
     if run_at is not None and not isinstance(run_at, datetime):
         raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
     if run_at is not None and timezone.is_naive(run_at):
@@ -203,15 +246,17 @@ def prepare(
     if chosen_priority not in PRIORITY_VALUES:
         raise ValueError(f"priority must be a venturi.Priority, got {chosen_priority!r}")
     payload = spec.encode(instance)
+    size = check_size(payload, spec.cls.__name__, venturi_settings.MAX_PAYLOAD_BYTES)
     return NewJob(
         kind=spec.kind,
         queue=chosen_queue,
         priority=int(chosen_priority),
         payload=payload,
         run_at=run_at,
-        delay=delay,
+        delay=wait,
         dedup_key=key_of(spec, instance),
         instance=instance,
+        size=size,
     )
 
 

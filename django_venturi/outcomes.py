@@ -7,6 +7,8 @@ import enum
 from datetime import timedelta
 from typing import Any
 
+from django_venturi.store.backoff import checked_delay
+
 
 class OutcomeKind(enum.StrEnum):
     """The four results a handler can return (the journal adds worker-side ones)."""
@@ -26,7 +28,8 @@ class Outcome:
     carry: Any = None
     """The checkpoint handed to the next run (paused only)."""
     after: timedelta | None = None
-    """How long to wait before the next run (paused and retry); cut to `MAX_DELAY` (100 years)."""
+    """How long to wait before the next run (paused and retry); cut to `MAX_DELAY` (100 years).
+    The class methods also take a number of seconds (int or float) and store it as a timedelta."""
     result: Any = None
     """What the job produced (completed only): plain JSON, stored in `Job.result` and
     read by the jobs enqueued after it (`ctx.dependency_results()`)."""
@@ -35,9 +38,9 @@ class Outcome:
     surrogates) are replaced when the journal records it: see `django_venturi.payloads.text`."""
 
     def __post_init__(self) -> None:
-        if self.after is not None and not isinstance(self.after, timedelta):
-            kind = type(self.after).__name__
-            raise TypeError(f"Outcome: after must be a timedelta or None, got {kind}")
+        if self.after is not None:
+            # Seconds become a timedelta; bools, NaN, infinities and negatives are refused.
+            object.__setattr__(self, "after", checked_delay(self.after, "Outcome: after"))
         if not isinstance(self.reason, str):
             raise TypeError(
                 f"Outcome.failed: reason must be a str, got {type(self.reason).__name__}"
@@ -56,17 +59,22 @@ class Outcome:
         return cls(OutcomeKind.COMPLETED, result=result)
 
     @classmethod
-    def paused(cls, carry: Any, after: timedelta | None = None) -> Outcome:
+    def paused(cls, carry: Any, after: timedelta | float | None = None) -> Outcome:
         """Checkpoint: run again after `after` (default: at once) with `ctx.carry = carry`.
+
+        `after` is a timedelta or a number of seconds, not negative.
 
         A pause does not count against `max_attempts`.
         """
-        return cls(OutcomeKind.PAUSED, carry=carry, after=after)
+        return cls(OutcomeKind.PAUSED, carry=carry, after=_seconds_or_timedelta(after))
 
     @classmethod
-    def retry(cls, after: timedelta | None = None) -> Outcome:
-        """A retryable failure: run again after `after` (default: the task's backoff)."""
-        return cls(OutcomeKind.RETRY, after=after)
+    def retry(cls, after: timedelta | float | None = None) -> Outcome:
+        """A retryable failure: run again after `after` (default: the task's backoff).
+
+        `after` is a timedelta or a number of seconds, not negative.
+        """
+        return cls(OutcomeKind.RETRY, after=_seconds_or_timedelta(after))
 
     @classmethod
     def failed(cls, reason: str) -> Outcome:
@@ -75,6 +83,10 @@ class Outcome:
 
 
 _COMPLETED = Outcome(OutcomeKind.COMPLETED)
+
+
+def _seconds_or_timedelta(after: timedelta | float | None) -> timedelta | None:
+    return None if after is None else checked_delay(after, "Outcome: after")
 
 
 class TaskError(Exception):

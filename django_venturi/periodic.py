@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django_venturi.conf import venturi_settings
+from django_venturi.payloads.size import PayloadTooLarge, check_size
 from django_venturi.registry import RegistrationError, UnknownKind, registry
 
 if TYPE_CHECKING:
@@ -321,6 +322,22 @@ def errors() -> list[str]:
     for schedule in found:
         try:
             validate(schedule)
+            check_payload_size(schedule)
         except ScheduleError as error:
             problems.append(str(error))
     return problems
+
+
+def check_payload_size(schedule: Schedule) -> None:
+    """Raise ScheduleError when a valid schedule's payload is over `VENTURI["MAX_PAYLOAD_BYTES"]`.
+
+    Each of its ticks would be refused (the worker logs an error and enqueues nothing).
+    The system check asks; the decorator does not, as it runs at import, where settings
+    are not read.
+    """
+    spec = registry.get(schedule.kind)
+    payload = spec.encode(spec.cls(**schedule.payload))
+    try:
+        check_size(payload, spec.cls.__name__, venturi_settings.MAX_PAYLOAD_BYTES)
+    except PayloadTooLarge as error:
+        raise ScheduleError(f"{schedule.origin}: {error}: every tick would be refused") from None

@@ -42,7 +42,7 @@ class Task:
     def enqueue(
         self,
         *,
-        delay: timedelta | None = None,
+        delay: timedelta | float | None = None,
         run_at: datetime | None = None,
         priority: Priority | None = None,
         queue: str | None = None,
@@ -76,7 +76,7 @@ class Task:
     def enqueue_on_commit(
         self,
         *,
-        delay: timedelta | None = None,
+        delay: timedelta | float | None = None,
         run_at: datetime | None = None,
         priority: Priority | None = None,
         queue: str | None = None,
@@ -107,7 +107,7 @@ class Task:
     async def aenqueue(
         self,
         *,
-        delay: timedelta | None = None,
+        delay: timedelta | float | None = None,
         run_at: datetime | None = None,
         priority: Priority | None = None,
         queue: str | None = None,

@@ -123,6 +123,7 @@ VENTURI = {
         "tests.testapp.hardening_tasks",
         "tests.testapp.text_tasks",
         "tests.testapp.flow_tasks",
+        "tests.testapp.limit_tasks",
         *DOCS_EXAMPLE_TASK_MODULES,
     ],
     "POLL_INTERVAL": 0.2,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from datetime import timedelta
 
 JITTER = 0.1
@@ -41,6 +42,43 @@ def clamp_delay(delay: timedelta | None) -> timedelta:
     if delay is None or delay < timedelta(0):
         return timedelta(0)
     return min(delay, MAX_DELAY)
+
+
+def checked_delay(value: object, name: str, *, longest: timedelta | None = None) -> timedelta:
+    """`value`, a timedelta or a number of seconds (int or float), as a timedelta.
+
+    Raise naming `name`: a `TypeError` for any other type (a bool too), a
+    `ValueError` for NaN, an infinity, a number of seconds past what a timedelta
+    holds, or a value further from zero than `longest` (when given). A negative
+    delay stays allowed: it means at once (a deadline already passed), as it always did.
+    """
+    if isinstance(value, timedelta):
+        delay: timedelta | None = value
+        shown = str(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if value != value or value in (math.inf, -math.inf):
+            raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+        try:
+            delay = timedelta(seconds=value)
+        except OverflowError:  # past timedelta's 999,999,999 days, either way
+            delay = None
+        shown = _seconds(value)
+    else:
+        kind = type(value).__name__
+        raise TypeError(f"{name} must be a timedelta, a number of seconds or None, got {kind}")
+    if longest is not None and (delay is None or not -longest <= delay <= longest):
+        raise ValueError(f"{name} must be within {longest.days} days (MAX_DELAY), got {shown}")
+    if delay is None:
+        raise ValueError(f"{name} must be at most 999999999 days (a timedelta), got {shown}")
+    return delay
+
+
+def _seconds(value: float) -> str:
+    """A number of seconds for an error message, a huge integer by its length only."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"an integer of about {digits} digits (seconds)"
+    return f"{value!r} seconds"
 
 
 def jitter_fraction(job_id: int, attempt: int) -> float:

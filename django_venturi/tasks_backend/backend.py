@@ -28,13 +28,14 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
-from django.db import connections
+from django.db import OperationalError, ProgrammingError, connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_venturi.conf import venturi_settings
 from django_venturi.registry import MAX_KIND_LENGTH, MAX_QUEUE_LENGTH, validate_name
 from django_venturi.states import Priority, State
+from django_venturi.store import missing_tables
 from django_venturi.tasks_backend import envelope, frameworks, task_results
 from django_venturi.tasks_backend.frameworks import Framework
 
@@ -111,14 +112,20 @@ class VenturiBackend:
         framework = frameworks.of_task(task)
         assert framework is not None
         payload = envelope.envelope(framework, task, args, kwargs)
-        job_id, enqueued_at = _insert(
-            self.database,
-            kind=envelope.kind_of(task),
-            queue=task.queue_name,
-            priority=task.priority,
-            payload=payload,
-            run_at=task.run_after,
-        )
+        try:
+            job_id, enqueued_at = _insert(
+                self.database,
+                kind=envelope.kind_of(task),
+                queue=task.queue_name,
+                priority=task.priority,
+                payload=payload,
+                run_at=task.run_after,
+            )
+        except (ProgrammingError, OperationalError) as error:
+            clearer = missing_tables.explained(self.database, error)  # before `migrate`
+            if clearer is None:
+                raise
+            raise clearer from error
         resolved = envelope.Resolved(framework, task, payload["args"], payload["kwargs"])
         facts = task_results.JobFacts(
             id=job_id,

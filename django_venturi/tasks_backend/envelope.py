@@ -24,8 +24,10 @@ from django.apps import apps
 from django.core.signing import BadSignature, Signer
 from django.utils.dateparse import parse_datetime
 
+from django_venturi.conf import venturi_settings
 from django_venturi.payloads import text
 from django_venturi.payloads.codec import UnstorableValue, int_problem, too_deep
+from django_venturi.payloads.size import check_size
 from django_venturi.registry import TASKS_KIND_PREFIX
 from django_venturi.tasks_backend.frameworks import (
     Framework,
@@ -42,8 +44,6 @@ def kind_of(task: Any) -> str:
 def module_is_allowed(module: str) -> bool:
     """Whether workers may import `module` to find a Task without a signature: inside
     an installed app, or listed (or under a module listed) in `VENTURI["TASK_MODULES"]`."""
-    from django_venturi.conf import venturi_settings
-
     listed = venturi_settings.TASK_MODULES
     if any(module == name or module.startswith(f"{name}.") for name in listed):
         return True
@@ -216,8 +216,11 @@ def _storable_text(value: str, where: str) -> str:
 def envelope(
     framework: Framework, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The payload of a Tasks job: the framework, the Task's options and its arguments."""
-    return {
+    """The payload of a Tasks job: the framework, the Task's options and its arguments.
+
+    Raises `PayloadTooLarge` when it is over `VENTURI["MAX_PAYLOAD_BYTES"]`.
+    """
+    payload = {
         "framework": framework.name,
         "backend": task.backend,
         "priority": task.priority,
@@ -227,6 +230,9 @@ def envelope(
         "args": check_json(list(args), "args"),
         "kwargs": check_json(dict(kwargs), "kwargs"),
     }
+    where = f"{task.func.__module__}.{task.func.__qualname__}(...)"
+    check_size(payload, where, venturi_settings.MAX_PAYLOAD_BYTES)
+    return payload
 
 
 # ---------------------------------------------------------------- finding the Task of a row

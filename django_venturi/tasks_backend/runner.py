@@ -21,6 +21,8 @@ from django.conf import settings
 from django.dispatch import Signal
 from django.utils import timezone
 
+from django_venturi.conf import venturi_settings
+from django_venturi.payloads.size import check_size
 from django_venturi.payloads.text import text_of
 from django_venturi.registry import TASKS_KIND_PREFIX
 from django_venturi.states import JournalOutcome, State
@@ -165,6 +167,7 @@ def _prepare(execution: Execution) -> TasksRun | Verdict:
 def _succeeded(run: TasksRun, value: Any) -> Verdict:
     try:
         stored = envelope.stored_result(value)
+        check_size(stored, "the return value", venturi_settings.MAX_PAYLOAD_BYTES)
     except Exception as error:  # a PayloadError, or whatever the value's own methods raised
         return _failed(run, error)
     verdict = verdicts.completed(run.execution.job)
