@@ -5,16 +5,20 @@ it writes: it would fail on every claim, or worse, half-way through a batch of
 verdicts. `venturi_worker` runs this check on its database before it starts and
 refuses to start while venturi's migrations are behind; `manage.py check
 --database default` reports the same as a warning (`venturi.W030`: `migrate` runs
-database checks too and must not refuse to apply the missing migrations; on a
-database with none of them, a first install, the check says nothing). Plain
-`manage.py check` does not touch the database, as Django's own database checks do not.
+database checks too and must not refuse to apply the missing migrations). A
+database with none of them (a first install, where enqueueing fails with
+"relation does not exist") gets its own warning, `venturi.W032`, except from
+`migrate` itself, which is about to create the tables. Plain `manage.py check`
+does not touch the database, as Django's own database checks do not.
 """
 
 from __future__ import annotations
 
 import pkgutil
+import sys
 from collections.abc import Iterable, Sequence
 from importlib import import_module
+from types import FrameType
 from typing import Any
 
 from django.apps import AppConfig
@@ -66,8 +70,10 @@ def migration_errors(alias: str, *, upgrades_only: bool = False) -> list[CheckMe
                 id="venturi.W031",
             )
         ]
-    if not missing or (upgrades_only and missing[0] == FIRST_MIGRATION):
+    if not missing:
         return []
+    if upgrades_only and missing[0] == FIRST_MIGRATION:
+        return [] if _run_by_migrate() else [_not_installed(alias, missing)]
     level, check_id = (Warning, "venturi.W030") if upgrades_only else (Error, "venturi.E030")
     return [
         level(
@@ -79,6 +85,34 @@ def migration_errors(alias: str, *, upgrades_only: bool = False) -> list[CheckMe
             id=check_id,
         )
     ]
+
+
+def _not_installed(alias: str, missing: list[str]) -> CheckMessage:
+    return Warning(
+        f"database {alias!r} has none of django_venturi's migrations applied "
+        f"({missing[0]} to {missing[-1]}): its tables do not exist, so enqueueing a job "
+        "fails and no worker starts",
+        hint=f"Run 'manage.py migrate' (or 'manage.py migrate django_venturi --database {alias}').",
+        obj=f"settings.DATABASES[{alias!r}]",
+        id="venturi.W032",
+    )
+
+
+def _run_by_migrate() -> bool:
+    """Whether `migrate` (or a command built on it) runs the checks: it is about to apply
+    the migrations, so telling its user to run it would only confuse.
+
+    Django passes a check nothing that says which command runs it; the command's
+    `execute` is on the stack, so look there (only at check time, never on a hot path).
+    """
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def unapplied_migrations(alias: str) -> list[str]:

@@ -1,8 +1,12 @@
-"""A worker's look, now and then, for orphan kinds in the queues it serves.
+"""A worker's look, at start and now and then, for orphan kinds.
 
-What an orphan kind is, and how one is found, is `store/orphan_kinds.py`; this
-service runs on the heartbeat thread, never on the claim path, and warns about
-each orphan kind once, then again every `WARN_AGAIN_AFTER` while its jobs wait.
+What an orphan kind is, and how one is found, is `store/orphan_kinds.py`. At
+start, once registered and before it claims, a worker looks at every queue
+(`look_at_start`): a `--burst` worker may be gone before its first heartbeat,
+and a newcomer whose jobs sit in a queue no worker serves should hear it at
+once. After that the look runs on the heartbeat thread, never on the claim
+path, at the queues the worker serves, and warns about each orphan kind once,
+then again every `WARN_AGAIN_AFTER` while its jobs wait.
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ class OrphanWatch:
         self._next_look = now + LOOK_EVERY
         self.look()
 
+    def look_at_start(self) -> list[OrphanKind]:
+        """Warn about every orphan kind of every queue; call it once the worker's row is
+        written (the worker counts itself among the live ones)."""
+        now = self._clock()
+        self._next_look = now + LOOK_EVERY  # the heartbeat's first look comes after this one
+        orphans = find_orphan_kinds(self.alias)
+        by_kind: dict[str, list[OrphanKind]] = {}
+        for orphan in orphans:
+            by_kind.setdefault(orphan.kind, []).append(orphan)
+        for kind, waiting in sorted(by_kind.items()):
+            mine = [o for o in waiting if self.queues is None or o.queue in self.queues]
+            if mine:  # the later looks see these: not again before WARN_AGAIN_AFTER
+                self._warned[kind] = now
+            self._warn(kind, waiting, again=bool(mine))
+        return orphans
+
     def look(self) -> list[OrphanKind]:
         """Warn about each orphan kind not warned about within `WARN_AGAIN_AFTER`."""
         orphans = find_orphan_kinds(self.alias, queues=self.queues)
@@ -64,7 +84,7 @@ class OrphanWatch:
                 self._warn(kind, waiting)
         return orphans
 
-    def _warn(self, kind: str, waiting: list[OrphanKind]) -> None:
+    def _warn(self, kind: str, waiting: list[OrphanKind], *, again: bool = True) -> None:
         jobs = sum(orphan.jobs for orphan in waiting)
         queues = ", ".join(orphan.queue for orphan in waiting)
         oldest = max(orphan.oldest_due_age for orphan in waiting)
@@ -75,9 +95,10 @@ class OrphanWatch:
             "(an app's tasks.py, or VENTURI['TASK_MODULES'])? was the task removed or "
             "renamed? is the kind a typo?"
         )
+        repeat = f" (said again every {WARN_AGAIN_AFTER / 60:.0f} min while they wait)"
         logger.warning(
             "worker %s: %d due job%s of kind %r wait%s in queue %s (the oldest for %.0f s) "
-            "and no live worker can run them: %s (said again every %.0f min while they wait)",
+            "and no live worker can run them: %s%s",
             self.worker,
             jobs,
             "" if jobs == 1 else "s",
@@ -86,6 +107,6 @@ class OrphanWatch:
             queues,
             oldest.total_seconds(),
             cause,
-            WARN_AGAIN_AFTER / 60,
+            repeat if again else "",
             extra={"worker": self.worker, "kind": kind, "jobs": jobs, "queues": queues},
         )
