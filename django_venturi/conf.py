@@ -218,7 +218,6 @@ class VenturiSettings:
         return None if value is None else int(value)
 
 
-AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 AGE_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 MAX_AGE = timedelta(days=365_000)
 """The longest age `as_age` accepts, about 1,000 years: `now - age` must stay a time

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import OperationalError, ProgrammingError, connections, transaction
+from django.db import connections, transaction
 from django.db.models import NOT_PROVIDED, signals
 from django.db.models.base import ModelState
 from django.utils import timezone
@@ -116,7 +116,7 @@ def enqueue_many(
     `ValueError`, `PayloadError`), what a task's `dedup_key()` or
     `merge()` raises, and the database's errors as they are
     (`django.db.DatabaseError`); a deadlock of a keyed enqueue is retried a few
-    times first (`merging.DEADLOCK_RETRIES`).
+    times first (`deadlocks.TRIES`).
 
     Jobs with a dedup key are written one by one after the others, each one
     merged with the live job of its key (or with an earlier one of the batch).
@@ -134,15 +134,8 @@ def enqueue_many(
             raise error.in_batch(index, len(given)) from None
         new_jobs.append(job)
     alias = job_database(using)
-    try:
+    with missing_tables.explaining(alias):  # before `migrate`: say so
         return _write(alias, new_jobs, after, after_failure)
-    except (ProgrammingError, OperationalError) as error:
-        # Before `migrate`: say so instead of "relation does not exist" (costs
-        # nothing unless the write failed).
-        clearer = missing_tables.explained(alias, error)
-        if clearer is None:
-            raise
-        raise clearer from error
 
 
 def _write(

@@ -175,14 +175,12 @@ class Job(models.Model):
         values are secret is not known here.
         """
         from django_venturi.payloads import masking
-        from django_venturi.registry import TASKS_KIND_PREFIX, registry
+        from django_venturi.registry import registry
 
-        if self.kind.startswith(TASKS_KIND_PREFIX):
-            return self.payload  # a Django Tasks job's arguments: no secret() field there
-        spec = registry.find(self.kind)
-        if spec is None:
+        types = registry.declared_types(self.kind)  # a Django Tasks job's: plain, as stored
+        if types is None:
             return masking.hidden(self.payload)
-        return masking.masked(spec.cls, self.payload)
+        return masking.masked_value(types[0], self.payload)
 
     def decoded_payload(self) -> Any:
         """Return the payload as an instance of its task class."""

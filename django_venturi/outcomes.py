@@ -38,8 +38,8 @@ class Outcome:
     surrogates) are replaced when the journal records it: see `django_venturi.payloads.text`."""
 
     def __post_init__(self) -> None:
-        if self.after is not None:
-            # Seconds become a timedelta; bools, NaN, infinities and negatives are refused.
+        if self.after is not None and not isinstance(self.after, timedelta):
+            # Seconds become a timedelta; bools, NaN, infinities and other types are refused.
             object.__setattr__(self, "after", checked_delay(self.after, "Outcome: after"))
         if not isinstance(self.reason, str):
             raise TypeError(
@@ -62,7 +62,7 @@ class Outcome:
     def paused(cls, carry: Any, after: timedelta | float | None = None) -> Outcome:
         """Checkpoint: run again after `after` (default: at once) with `ctx.carry = carry`.
 
-        `after` is a timedelta or a number of seconds, not negative.
+        `after` is a timedelta or a number of seconds (a negative one: at once).
 
         A pause does not count against `max_attempts`.
         """
@@ -72,7 +72,7 @@ class Outcome:
     def retry(cls, after: timedelta | float | None = None) -> Outcome:
         """A retryable failure: run again after `after` (default: the task's backoff).
 
-        `after` is a timedelta or a number of seconds, not negative.
+        `after` is a timedelta or a number of seconds (a negative one: at once).
         """
         return cls(OutcomeKind.RETRY, after=_seconds_or_timedelta(after))
 

@@ -125,6 +125,17 @@ class Registry:
         """`get` without the exception, for callers on the per-job path."""
         return self._by_kind.get(kind)
 
+    def declared_types(self, kind: str) -> tuple[Any, Any] | None:
+        """The declared types of a kind's stored (payload, carry): the task class and its
+        `carry=` type (`object` for an untyped carry, and for both of a Django Tasks job,
+        whose arguments are plain JSON); None for a kind not registered here."""
+        if kind.startswith(TASKS_KIND_PREFIX):
+            return object, object
+        spec = self._by_kind.get(kind)
+        if spec is None:
+            return None
+        return spec.cls, spec.carry if spec.carry is not None else object
+
     def kinds(self) -> list[str]:
         return sorted(self._by_kind)
 

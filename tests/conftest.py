@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,22 @@ def worker_env() -> dict[str, str]:
         }
     )
     return env
+
+
+def vanished_run(
+    *, lease_expires_at: datetime, started_at: datetime, worker: str = "vanished:1:worker"
+) -> dict[str, Any]:
+    """The fields that make a job `running` under a claim of `worker`, a worker with no
+    registry row (gone), whose lease runs out at `lease_expires_at`: for `update(**...)`
+    or a row written by SQL."""
+    return {
+        "state": "running",
+        "attempt": 1,
+        "claim_token": uuid.uuid4(),
+        "claimed_by": worker,
+        "started_at": started_at,
+        "lease_expires_at": lease_expires_at,
+    }
 
 
 def django_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 import threading
-import uuid
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -29,7 +28,7 @@ from django_venturi.store import verdicts
 from django_venturi.store.claim import ClaimedJob
 from django_venturi.store.completion import write_verdicts
 from django_venturi.store.leases import recover_expired
-from tests.conftest import Workers, wait_until
+from tests.conftest import Workers, vanished_run, wait_until
 from tests.test_races import Session, claim_one, done_or_waiting, waits_on_a_lock
 from tests.testapp.control_tasks import Cancellable, Checkpoints, KeepsFailing
 from tests.testapp.tasks import Noop
@@ -217,6 +216,8 @@ def test_a_cancel_picked_as_a_deadlock_victim_tries_again() -> None:
 
 POOL = 40
 """Live jobs the cancels pick from; 2 workers x 8 slots keep a good share of them running."""
+VANISHED = "vanished-worker"
+"""The claimant of the jobs made to look claimed by a worker that is gone."""
 
 
 def _new_job(alias: str, rng: random.Random) -> int:
@@ -231,13 +232,9 @@ def _new_job(alias: str, rng: random.Random) -> int:
     with transaction.atomic(using=alias):  # never seen ready by a worker
         job = Checkpoints().enqueue(using=alias)
         now = timezone.now()
+        lease_end = now + timedelta(seconds=rng.uniform(0, 1))
         Job.objects.using(alias).filter(pk=job.pk).update(
-            state=venturi.State.RUNNING,
-            attempt=1,
-            started_at=now,
-            claim_token=uuid.uuid4(),
-            claimed_by="vanished-worker",
-            lease_expires_at=now + timedelta(seconds=rng.uniform(0, 1)),
+            **vanished_run(lease_expires_at=lease_end, started_at=now, worker=VANISHED)
         )
     return int(job.pk)
 
@@ -250,7 +247,7 @@ def stress_cancels(alias: str, workers: Workers, tries: int, seed: int) -> Count
         workers.start(alias, "--concurrency", "8")
     pool = [_new_job(alias, rng) for _ in range(POOL)]
     running = Job.objects.using(alias).filter(state=venturi.State.RUNNING)
-    wait_until(lambda: running.exclude(claimed_by="vanished-worker").count() >= 8, timeout=60)
+    wait_until(lambda: running.exclude(claimed_by=VANISHED).count() >= 8, timeout=60)
     results: dict[int, venturi.CancelResult] = {}
     for _ in range(tries):
         job_id = pool.pop(rng.randrange(len(pool)))
@@ -293,7 +290,7 @@ def stress_cancels(alias: str, workers: Workers, tries: int, seed: int) -> Count
         .values_list("outcome", flat=True)
     )
     recovered_cancelled = JournalEntry.objects.using(alias).filter(
-        job_id__in=list(results), worker="vanished-worker", outcome="cancelled"
+        job_id__in=list(results), worker=VANISHED, outcome="cancelled"
     )
     figures = said + Counter({f"run {k}": n for k, n in runs.items()})
     figures["recovered into cancelled"] = recovered_cancelled.count()

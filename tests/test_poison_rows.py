@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -41,7 +40,7 @@ from django_venturi.models import Job, JournalEntry
 from django_venturi.payloads.stored import UNREADABLE_PREFIX, Unreadable
 from django_venturi.store import leases
 from django_venturi.testing import drain
-from tests.conftest import Workers, wait_until
+from tests.conftest import Workers, vanished_run, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
@@ -147,14 +146,7 @@ def test_poison_rows_fail_alone_while_good_jobs_of_their_batch_complete(
 def expired_run(alias: str, *, age: timedelta) -> dict[str, Any]:
     """The fields of a job whose worker vanished and whose lease ran out `age` ago."""
     now = timezone.now()
-    return {
-        "state": "running",
-        "attempt": 1,
-        "claim_token": uuid.uuid4(),
-        "claimed_by": "vanished:1:worker",
-        "started_at": now - age - timedelta(minutes=5),
-        "lease_expires_at": now - age,
-    }
+    return vanished_run(lease_expires_at=now - age, started_at=now - age - timedelta(minutes=5))
 
 
 def test_an_expired_poison_row_is_recovered_without_holding_back_other_leases(

@@ -40,19 +40,9 @@ UNFILTERED_JOURNAL_FIELDS = frozenset({"error_message", "traceback"})
 """The same for journal entries: a handler's message may quote a secret."""
 
 
-def stored_types(kind: str) -> tuple[Any, Any] | None:
-    """The declared types of a kind's (payload, carry), or None if not registered here."""
-    if kind.startswith(TASKS_KIND_PREFIX):
-        return object, object  # a Django Tasks job's arguments and result: plain JSON
-    spec = registry.find(kind)
-    if spec is None:
-        return None
-    return spec.cls, spec.carry if spec.carry is not None else object
-
-
 def may_hold_secrets(kind: str) -> bool:
     """Whether a job of `kind` can hold a secret (or its types are not known here)."""
-    types = stored_types(kind)
+    types = registry.declared_types(kind)
     return types is None or any(masking.holds_secrets(hint) for hint in types)
 
 
@@ -61,10 +51,7 @@ class JobMask:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.types = stored_types(job.kind)
-
-    def payload(self) -> Any:
-        return self.job.masked_payload()
+        self.types = registry.declared_types(job.kind)
 
     def carry(self) -> Any:
         if self.types is None:
@@ -82,12 +69,8 @@ class JobMask:
     def texts(self) -> frozenset[str]:
         """The values the job's secret fields hold (every value, for an unknown kind)."""
         if self.types is not None and not may_hold_secrets(self.job.kind):
-            return frozenset()  # the common case: nothing to read
-        payload, carry = self.job.payload, self.job.carry
-        if self.types is None:
-            return masking.leaf_texts(payload) | masking.leaf_texts(carry)
-        payload_type, carry_type = self.types
-        return masking.secret_texts(payload_type, payload) | masking.secret_texts(carry_type, carry)
+            return frozenset()  # the common case: the payload need not even be loaded
+        return masking.stored_secret_texts(self.types, self.job.payload, self.job.carry)
 
 
 def job_mask(job: Job) -> JobMask:

@@ -12,7 +12,8 @@
 - `holds_secrets(hint)`: whether a type can hold a secret at any depth (the
   admin keeps such payloads out of its search).
 - `secret_texts(hint, data)`: the texts of what `masked_value` hid (strings,
-  numbers, keys), with the forms they take when quoted (`repr`, JSON, URL); and
+  numbers, keys), with the forms they take when quoted (`repr`, JSON, URL), and
+  `stored_secret_texts` for a job's payload and carry together; and
   `redact` / `redact_text`, which hide them in untyped JSON (a job's result, an
   untyped carry) and in free text (an error message, a traceback) that a
   handler may have copied them into.
@@ -66,6 +67,15 @@ def leaf_texts(data: Any) -> frozenset[str]:
     found: set[str] = set()
     _collect(data, found)
     return frozenset(found)
+
+
+def stored_secret_texts(types: tuple[Any, Any] | None, payload: Any, carry: Any) -> frozenset[str]:
+    """The texts a job's secret fields hold, by the declared (payload, carry) `types`;
+    for types not known (None), every text of both, since any of them may be secret."""
+    if types is None:
+        return leaf_texts(payload) | leaf_texts(carry)
+    payload_type, carry_type = types
+    return secret_texts(payload_type, payload) | secret_texts(carry_type, carry)
 
 
 def hidden(data: Any) -> Any:

@@ -54,7 +54,6 @@ def checked_delay(value: object, name: str, *, longest: timedelta | None = None)
     """
     if isinstance(value, timedelta):
         delay: timedelta | None = value
-        shown = str(value)
     elif isinstance(value, int | float) and not isinstance(value, bool):
         if value != value or value in (math.inf, -math.inf):
             raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
@@ -62,15 +61,23 @@ def checked_delay(value: object, name: str, *, longest: timedelta | None = None)
             delay = timedelta(seconds=value)
         except OverflowError:  # past timedelta's 999,999,999 days, either way
             delay = None
-        shown = _seconds(value)
     else:
         kind = type(value).__name__
         raise TypeError(f"{name} must be a timedelta, a number of seconds or None, got {kind}")
     if longest is not None and (delay is None or not -longest <= delay <= longest):
-        raise ValueError(f"{name} must be within {longest.days} days (MAX_DELAY), got {shown}")
+        raise ValueError(
+            f"{name} must be within {longest.days} days (MAX_DELAY), got {_shown(value)}"
+        )
     if delay is None:
-        raise ValueError(f"{name} must be at most 999999999 days (a timedelta), got {shown}")
+        raise ValueError(
+            f"{name} must be at most 999999999 days (a timedelta), got {_shown(value)}"
+        )
     return delay
+
+
+def _shown(value: timedelta | float) -> str:
+    """A delay for an error message: a timedelta as it prints, seconds by `_seconds`."""
+    return str(value) if isinstance(value, timedelta) else _seconds(value)
 
 
 def _seconds(value: float) -> str:

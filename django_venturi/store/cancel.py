@@ -35,20 +35,19 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from django.db import OperationalError, connections, transaction
+from django.db import connections
 
 from django_venturi.conf import CANCEL_CHANNEL_SUFFIX, venturi_settings
 from django_venturi.states import State
 from django_venturi.store import dependencies
 from django_venturi.store.clock import now_expression
+from django_venturi.store.deadlocks import retrying_deadlocks
 
 if TYPE_CHECKING:
     from django_venturi.models import Job
 
 
 NOTIFY_IDS_PER_PAYLOAD = 400
-DEADLOCK_RETRIES = 5
-"""Tries in all of one cancel that PostgreSQL keeps picking as a deadlock victim."""
 UNCLAIMED_STATES = (State.READY, State.WAITING)
 
 
@@ -82,16 +81,9 @@ def cancel(jobs: Job | int | Iterable[Job | int], *, using: str | None = None) -
     alias = using or venturi_settings.DATABASE
     if not ids:
         return CancelResult(cancelled=0, stopping=0)
-    for attempt in range(DEADLOCK_RETRIES):
-        try:
-            with transaction.atomic(using=alias):  # a savepoint in the caller's transaction
-                return _cancel(alias, ids)
-        except OperationalError as error:
-            # A cycle through the rows we lock in id order and a worker's verdict
-            # batch locking them in its own; the savepoint rolled back our part.
-            if not _is_deadlock(error) or attempt == DEADLOCK_RETRIES - 1:
-                raise
-    raise AssertionError("unreachable")
+    # A cycle through the rows locked here in id order and a worker's verdict batch
+    # locking them in its own: tried again in a savepoint (`deadlocks`).
+    return retrying_deadlocks(alias, lambda: _cancel(alias, ids))
 
 
 def _cancel(alias: str, ids: Sequence[int]) -> CancelResult:
@@ -150,10 +142,6 @@ def _id(item: object) -> int:
     raise TypeError(
         f"cancel(jobs=...): expected a Job or a job id (int), got {type(item).__name__} {item!r}"
     )
-
-
-def _is_deadlock(error: BaseException) -> bool:
-    return getattr(error.__cause__, "sqlstate", None) == "40P01"
 
 
 def _notify_workers(alias: str, job_ids: list[int]) -> None:

@@ -17,12 +17,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from django.db import OperationalError, connections, transaction
+from django.db import connections
 from django.db.models import Case, F, IntegerField, Value, When
 from django.db.models.functions import Now
 
 from django_venturi.registry import TaskSpec, registry
 from django_venturi.states import LIVE_STATES, State
+from django_venturi.store.deadlocks import retrying_deadlocks
 from django_venturi.store.dedup import (
     Merge,
     MergeKind,
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_venturi.dedup")
 
-DEADLOCK_RETRIES = 5
-"""Tries in all of one enqueue that PostgreSQL keeps picking as a deadlock victim."""
 MAX_ROUNDS = 20
 """Clash rounds per enqueue: a new round starts only when the existing job just finished."""
 
@@ -64,20 +63,9 @@ Insert = Callable[[str, K], "Job | None"]
 
 def enqueue_keyed(alias: str, new_job: K, insert: Insert[K]) -> Job:
     """Write one job that has a dedup key: insert it (`insert`), or merge it with the live one."""
-    for attempt in range(DEADLOCK_RETRIES):
-        try:
-            with transaction.atomic(using=alias):
-                return _enqueue_keyed(alias, new_job, insert)
-        except OperationalError as error:
-            # A cycle through rows this transaction locked earlier (another key's
-            # merge) and a worker's batch; the savepoint rolled back our part.
-            if not _is_deadlock(error) or attempt == DEADLOCK_RETRIES - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _is_deadlock(error: BaseException) -> bool:
-    return getattr(error.__cause__, "sqlstate", None) == "40P01"
+    # A cycle through rows this transaction locked earlier (another key's merge) and a
+    # worker's batch: tried again in a savepoint (`deadlocks`).
+    return retrying_deadlocks(alias, lambda: _enqueue_keyed(alias, new_job, insert))
 
 
 _LIVE_SQL = """

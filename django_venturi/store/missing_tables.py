@@ -2,13 +2,17 @@
 
 A project that enqueues before `manage.py migrate` would otherwise meet the
 database's own words (`relation "django_venturi_job" does not exist`, `no such
-table: django_venturi_job`). The writers catch the error they already got (no
-query and no cost while the tables exist) and ask `explained` for a clearer one.
+table: django_venturi_job`). The writers wrap their write in `explaining`, which
+turns the error they already got into a clearer one (`explained`): no query and
+no cost while the tables exist.
 """
 
 from __future__ import annotations
 
-from django.db import DatabaseError
+import contextlib
+from collections.abc import Iterator
+
+from django.db import DatabaseError, OperationalError, ProgrammingError
 
 TABLE_PREFIX = "django_venturi_"
 """Every table of venturi's models starts with it."""
@@ -31,3 +35,16 @@ def explained(alias: str, error: DatabaseError) -> DatabaseError | None:
         f"Run 'manage.py migrate' (or 'manage.py migrate django_venturi --database {alias}'); "
         f"'manage.py check --database {alias}' lists what is missing."
     )
+
+
+@contextlib.contextmanager
+def explaining(alias: str) -> Iterator[None]:
+    """Raise `explained`'s clearer error, chained to the first, for a missing table of
+    venturi's on `alias`; any other error as it is."""
+    try:
+        yield
+    except (ProgrammingError, OperationalError) as error:  # PostgreSQL's, SQLite's
+        clearer = explained(alias, error)
+        if clearer is None:
+            raise
+        raise clearer from error

@@ -28,7 +28,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
-from django.db import OperationalError, ProgrammingError, connections
+from django.db import connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -112,7 +112,7 @@ class VenturiBackend:
         framework = frameworks.of_task(task)
         assert framework is not None
         payload = envelope.envelope(framework, task, args, kwargs)
-        try:
+        with missing_tables.explaining(self.database):  # before `migrate`: say so
             job_id, enqueued_at = _insert(
                 self.database,
                 kind=envelope.kind_of(task),
@@ -121,11 +121,6 @@ class VenturiBackend:
                 payload=payload,
                 run_at=task.run_after,
             )
-        except (ProgrammingError, OperationalError) as error:
-            clearer = missing_tables.explained(self.database, error)  # before `migrate`
-            if clearer is None:
-                raise
-            raise clearer from error
         resolved = envelope.Resolved(framework, task, payload["args"], payload["kwargs"])
         facts = task_results.JobFacts(
             id=job_id,

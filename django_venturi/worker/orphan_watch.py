@@ -58,26 +58,21 @@ class OrphanWatch:
         now = self._clock()
         self._next_look = now + LOOK_EVERY  # the heartbeat's first look comes after this one
         orphans = find_orphan_kinds(self.alias)
-        by_kind: dict[str, list[OrphanKind]] = {}
-        for orphan in orphans:
-            by_kind.setdefault(orphan.kind, []).append(orphan)
-        for kind, waiting in sorted(by_kind.items()):
-            mine = [o for o in waiting if self.queues is None or o.queue in self.queues]
-            if mine:  # the later looks see these: not again before WARN_AGAIN_AFTER
+        for kind, waiting in by_kind(orphans):
+            served = any(self.queues is None or o.queue in self.queues for o in waiting)
+            if served:  # the later looks see these: not again before WARN_AGAIN_AFTER
                 self._warned[kind] = now
-            self._warn(kind, waiting, again=bool(mine))
+            self._warn(kind, waiting, again=served)
         return orphans
 
     def look(self) -> list[OrphanKind]:
         """Warn about each orphan kind not warned about within `WARN_AGAIN_AFTER`."""
         orphans = find_orphan_kinds(self.alias, queues=self.queues)
         now = self._clock()
-        by_kind: dict[str, list[OrphanKind]] = {}
-        for orphan in orphans:
-            by_kind.setdefault(orphan.kind, []).append(orphan)
-        for kind in set(self._warned) - set(by_kind):
+        grouped = by_kind(orphans)
+        for kind in set(self._warned) - {kind for kind, _ in grouped}:
             del self._warned[kind]  # its jobs ran or went: if they come back, say so at once
-        for kind, waiting in sorted(by_kind.items()):
+        for kind, waiting in grouped:
             last = self._warned.get(kind)
             if last is None or now - last >= WARN_AGAIN_AFTER:
                 self._warned[kind] = now
@@ -110,3 +105,11 @@ class OrphanWatch:
             repeat if again else "",
             extra={"worker": self.worker, "kind": kind, "jobs": jobs, "queues": queues},
         )
+
+
+def by_kind(orphans: Sequence[OrphanKind]) -> list[tuple[str, list[OrphanKind]]]:
+    """The orphans grouped by kind (one per queue each), kinds in name order."""
+    grouped: dict[str, list[OrphanKind]] = {}
+    for orphan in orphans:
+        grouped.setdefault(orphan.kind, []).append(orphan)
+    return sorted(grouped.items())

@@ -102,12 +102,7 @@ _LINE = RunEvents.verdict.__code__.co_firstlineno
 def without_secrets(job: ClaimedJob, text: str) -> str:
     """`text` with the values of the job's `venturi.secret()` fields hidden: a handler's
     exception may quote one (`payloads.masking`; the admin hides them the same way)."""
-    spec = registry.find(job.kind)
-    if spec is None:
+    types = registry.declared_types(job.kind)
+    if types is None:  # no handler ran: nothing of the payload is in the text
         return text
-    carry_type = spec.carry if spec.carry is not None else object
-    if not (masking.holds_secrets(spec.cls) or masking.holds_secrets(carry_type)):
-        return text
-    texts = masking.secret_texts(spec.cls, job.payload)
-    texts |= masking.secret_texts(carry_type, job.carry)
-    return masking.redact_text(text, texts)
+    return masking.redact_text(text, masking.stored_secret_texts(types, job.payload, job.carry))
