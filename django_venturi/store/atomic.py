@@ -13,6 +13,14 @@ A handler that raises rolls its writes back too (the exception leaves the
 `atomic` block); its retry starts from a clean slate. A worker killed in the
 middle loses its connection, and PostgreSQL rolls the transaction back.
 
+A handler that returned, whose verdict write or commit then failed because of
+the database (a lost connection, a server refusing writes after a failover), did
+nothing a retry would repeat, unless the commit was applied and only its answer
+lost. Its verdict goes to the results writer marked `if_unapplied`: the writer
+looks in the journal once it reaches a writable database, reports the verdict if
+it was applied, and otherwise hands the job back (`released`: run again, not a
+failure).
+
 The job row is locked only by the final verdict write, never while the
 handler runs, so heartbeats extend the lease as for any job, and a stalled
 run blocks nobody.
@@ -25,7 +33,9 @@ from collections.abc import Callable
 
 from django.db import transaction
 
+from django_venturi.store import verdicts
 from django_venturi.store.completion import write_runs
+from django_venturi.store.connections import unavailable
 from django_venturi.store.verdicts import Verdict
 
 
@@ -43,9 +53,11 @@ def run_atomically(
     """Run `handle()` and write `judge(its result)` in one transaction on `alias`.
 
     Returns the verdict marked `written`, or as it was if the run had lost its
-    claim (nothing of the run was committed). Raises what `handle` raises, after
+    claim (nothing of the run was committed), or marked `if_unapplied` if the database
+    failed its write or commit (see above). Raises what `handle` raises, after
     rolling its writes back.
     """
+    verdict: Verdict | None = None
     try:
         with transaction.atomic(using=alias):
             verdict = judge(handle())
@@ -53,4 +65,8 @@ def run_atomically(
                 raise _LostClaim(verdict)
     except _LostClaim as lost:
         return lost.verdict
+    except Exception as error:
+        if verdict is None or not unavailable(error):
+            raise  # the handler's own error, or its judge's
+        return dataclasses.replace(verdict, if_unapplied=verdicts.released(verdict.job))
     return dataclasses.replace(verdict, written=True)

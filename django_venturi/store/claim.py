@@ -56,12 +56,16 @@ CAPS_LOCK_KEY = 0x76656E7475726901
 """The advisory lock that serialises claims of capped and rate-limited kinds (per database)."""
 
 
-def claim(alias: str, request: ClaimRequest, clock: TierClock) -> list[ClaimedJob]:
-    """Claim up to `request.limit` due jobs, weighted across priority tiers."""
+def claim(
+    alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID | None = None
+) -> list[ClaimedJob]:
+    """Claim up to `request.limit` due jobs, weighted across priority tiers, under a
+    fresh claim token (or `token`: a caller that must be able to hand back a claim
+    whose answer it never got chooses it, see `leases.release_unanswered`)."""
     request = _without_full_kinds(request)
     if request.limit < 1 or not request.claims_some_kind():
         return []
-    token = uuid.uuid4()
+    token = token or uuid.uuid4()
     if connections[alias].vendor == "postgresql":
         jobs = _claim_postgresql(alias, request, clock, token)
     else:

@@ -29,6 +29,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 DATABASE_ERRORS = (db.OperationalError, db.InterfaceError)
 """What a database that went away raises."""
 
+REFUSING_WRITES = frozenset({"25006", "57P01", "57P02", "57P03"})
+"""SQLSTATEs of a server that takes no writes now, whatever the statement: a read-only
+transaction (a demoted primary after a failover, a hot standby, or
+`default_transaction_read_only`), and a server shutting down or starting up."""
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -120,17 +125,52 @@ def _closed_by_server(raw: object) -> bool:
     return bool(readable)
 
 
+def refuses_writes(error: BaseException) -> bool:
+    """Whether `error` is the server refusing every write for now (`REFUSING_WRITES`), not
+    the statement: a database error whose cause carries one of those SQLSTATEs."""
+    if not isinstance(error, db.DatabaseError):
+        return False
+    return getattr(error.__cause__, "sqlstate", None) in REFUSING_WRITES
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether `error` may be the database's state rather than the statement's fault: a
+    lost connection, a deadlock or lock timeout, or a server refusing writes. Such a
+    write is kept and tried again; it is never turned into a failed run."""
+    return isinstance(error, DATABASE_ERRORS) or refuses_writes(error)
+
+
 def reachable(alias: str) -> bool:
-    """Whether this thread reaches the database (connecting, then a round trip); if not,
-    its connection is closed so that the next try reconnects."""
+    """Whether this thread reaches the database and may write there (connecting, then a
+    round trip); if not, its connection is closed so that the next try reconnects, and
+    follows a failover to wherever the address now leads.
+
+    On PostgreSQL a server in recovery (a standby) or whose transactions are read-only
+    (a demoted primary) is not reachable: every write there would be refused."""
     connection = connections[alias]
-    with contextlib.suppress(*DATABASE_ERRORS):
+    with contextlib.suppress(db.DatabaseError):
         connection.ensure_connection()
-        if connection.is_usable():
+        if connection.vendor != "postgresql":
+            if connection.is_usable():
+                return True
+        elif _accepts_writes(connection):
             return True
     with contextlib.suppress(*DATABASE_ERRORS):
         connection.close()
     return False
+
+
+_ACCEPTS_WRITES_SQL = (
+    "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
+)
+
+
+def _accepts_writes(connection: BaseDatabaseWrapper) -> bool:
+    """One round trip: whether a PostgreSQL session's transactions may write."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ACCEPTS_WRITES_SQL)
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 def closing_broken_on_error(function: Callable[P, R]) -> Callable[P, R]:

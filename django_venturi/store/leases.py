@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import timedelta
 
 from django.db import connections, transaction
 from django.db.models import Exists, F, OuterRef, QuerySet
 
+from django_venturi.conf import MAX_BATCH_SIZE
 from django_venturi.models import Job, WorkerProcess
 from django_venturi.registry import UnknownKind, registry
 from django_venturi.states import JournalOutcome, State
@@ -171,6 +172,23 @@ def recover_orphans(alias: str, worker: str, held: Iterable[RunKey]) -> list[int
     return _recover(alias, worker, mine, skip=lambda job: (job.pk, job.claim_token) in keep)
 
 
+def release_unanswered(alias: str, worker: str, tokens: Collection[uuid.UUID]) -> list[int]:
+    """Hand back the jobs of this worker's claims whose answer never reached it (the
+    connection broke after the server ran the claim): ready again at once, journalled
+    `released`, not a failure. Return their ids. Without this they would wait for
+    their lease to run out (`recover_orphans`)."""
+    unanswered = Job.objects.using(alias).filter(
+        state=State.RUNNING, claimed_by=worker, claim_token__in=list(tokens)
+    )
+    released: list[int] = []
+    for _ in range(MAX_BATCH_SIZE // RECOVERY_BATCH_SIZE + 1):  # a claim's jobs at most
+        batch = _recover(alias, worker, unanswered, lost_run=_unanswered_run)
+        if not batch:
+            break
+        released.extend(batch)
+    return released
+
+
 def _expired(alias: str) -> QuerySet[Job]:
     return Job.objects.using(alias).filter(
         state=State.RUNNING, lease_expires_at__lt=now_expression(alias)
@@ -197,6 +215,7 @@ def _recover(
     worker: str,
     expired: QuerySet[Job],
     skip: Callable[[Job], bool] = lambda job: False,
+    lost_run: Callable[[Job], verdicts.Verdict] | None = None,
 ) -> list[int]:
     # Only the fields a lost run's verdict needs: never the payload, carry or result,
     # which recovery has no use for (and which may be a value Python cannot read).
@@ -211,17 +230,19 @@ def _recover(
         ]
         # Keys after rows, so without waiting: a keyed job whose key a producer holds
         # is left for the next round (waiting could deadlock with that producer).
-        lost = [_lost_run(job) for job in dedup.with_keys_locked_now(alias, rows)]
+        lost = [(lost_run or _lost_run)(job) for job in dedup.with_keys_locked_now(alias, rows)]
         write_verdicts(alias, worker, lost)
     return [verdict.job.id for verdict in lost]
 
 
-def _lost_run(job: Job) -> verdicts.Verdict:
-    try:
-        spec = registry.get(job.kind)
-    except UnknownKind:
-        spec = None  # recover it all the same, with the default give-up policy
-    claimed = ClaimedJob.from_row(
+def _unanswered_run(job: Job) -> verdicts.Verdict:
+    """The verdict of a run its worker never heard of: handed back, not a failure."""
+    return verdicts.released(_claimed(job))
+
+
+def _claimed(job: Job) -> ClaimedJob:
+    """A claimed job as recovery sees it: without payload, carry or result."""
+    return ClaimedJob.from_row(
         job,
         attempt=job.attempt,
         started_at=job.started_at or job.enqueued_at,
@@ -229,6 +250,14 @@ def _lost_run(job: Job) -> verdicts.Verdict:
         lease=timedelta(0),
         with_data=False,
     )
+
+
+def _lost_run(job: Job) -> verdicts.Verdict:
+    try:
+        spec = registry.get(job.kind)
+    except UnknownKind:
+        spec = None  # recover it all the same, with the default give-up policy
+    claimed = _claimed(job)
     error = ErrorInfo.from_reason(
         f"the lease of worker {job.claimed_by or '?'} expired at {job.lease_expires_at}; "
         "the worker stopped or lost the database",

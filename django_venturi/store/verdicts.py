@@ -121,6 +121,10 @@ class Verdict:
     written: bool = False
     """Already applied, in the transaction of an atomic handler (`atomic.py`): the
     worker only does what follows a write."""
+    if_unapplied: Verdict | None = None
+    """Set when an earlier write of this verdict may or may not have been applied (an
+    atomic handler's commit whose answer was lost): the writer looks in the journal
+    first (`lost_answers.py`), and writes this verdict instead if it was not."""
 
 
 def record_run(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -29,6 +30,7 @@ from django_venturi.store.claim import (
     seconds_until_next_due,
     upcoming,
 )
+from django_venturi.store.connections import unavailable
 from django_venturi.store.notify import wake_workers
 from django_venturi.store.rate_limits import RateRule
 from django_venturi.store.scheduling import TierClock
@@ -102,6 +104,8 @@ class Claimer:
         self._streak = Streak()
         self._listening = listening
         self.wake_order = wake_order
+        self._unanswered_claims: list[uuid.UUID] = []
+        """Tokens of claims that failed on the connection: the server may have run them."""
         self._drained = False
         """The last claim came back short with no capped or rate-limited kind in it: it
         took every job that was due."""
@@ -117,6 +121,11 @@ class Claimer:
             self._stop.wait(self.health.delay(self._streak.count))
         return result
 
+    def _release_unanswered(self) -> None:
+        """Hand back the jobs of claims whose answer the connection lost, if it ran."""
+        leases.release_unanswered(self.alias, self.worker, self._unanswered_claims)
+        self._unanswered_claims = []
+
     def loop(self) -> None:
         next_rescue = 0.0
         scheduler = None if self.burst else Scheduler(self.alias)
@@ -124,6 +133,8 @@ class Claimer:
         while not self._stop.is_set() and not self._service_died():
             self._wake.clear()
             calls = self.wake_order.take() if self.wake_order is not None else []
+            if self._unanswered_claims:
+                self._guarded(self._release_unanswered, "handing back an unanswered claim")
             if time.monotonic() >= next_rescue:
                 self._guarded(
                     lambda: leases.recover_expired(self.alias, self.worker),
@@ -223,8 +234,15 @@ class Claimer:
         )
 
     def _claim(self, request: ClaimRequest) -> list[ClaimedJob] | None:
+        token = uuid.uuid4()
+
         def claim_and_dispatch() -> list[ClaimedJob]:
-            jobs = claim(self.alias, request, self._clock)
+            try:
+                jobs = claim(self.alias, request, self._clock, token)
+            except Exception as error:
+                if unavailable(error):  # applied or not: the answer is lost
+                    self._unanswered_claims.append(token)
+                raise
             claimed = time.monotonic()
             for job in jobs:
                 self.handlers.dispatch(self._make_execution(job, claimed))

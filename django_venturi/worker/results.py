@@ -6,12 +6,19 @@ verdicts. The writer also writes the throttled `ctx.progress()` of running
 jobs.
 
 Nothing a verdict holds may stop the writer. A batch the database refuses
-for a reason other than its absence (a value it cannot store, a constraint, a
-trigger, a deadlock that keeps coming back) is written verdict by verdict, so
-that one bad verdict never blocks the others; a verdict refused on its own is
-replaced by a failed run that says why, and if even that is refused it is left
-for lease recovery (the job runs again: at-least-once). While the database is
-away, the batch waits and is written when it is back.
+for a reason of its own (a value it cannot store, a constraint, a trigger, a
+deadlock that keeps coming back) is written verdict by verdict, so that one bad
+verdict never blocks the others; a verdict refused on its own is replaced by a
+failed run that says why, and if even that is refused it is left for lease
+recovery (the job runs again: at-least-once).
+
+A refusal that is the database's state, not the verdict's, never changes an
+outcome: while the database is away, or takes no writes (read-only after a
+failover, shutting down: `connections.refuses_writes`), the verdicts stay in
+memory and are written when a connection may write again. A write that failed
+on the connection may have been applied all the same (its answer lost): before
+writing those runs again, the writer looks in the journal (`lost_answers.py`),
+so that an applied verdict is logged and signalled once, as what it was.
 """
 
 from __future__ import annotations
@@ -27,11 +34,11 @@ from django import db
 
 from django_venturi import signals
 from django_venturi.states import JournalOutcome
-from django_venturi.store import progress
+from django_venturi.store import lost_answers, progress
 from django_venturi.store import verdicts as verdicts_module
 from django_venturi.store.claim import RunKey
 from django_venturi.store.completion import AppliedRun, write_runs
-from django_venturi.store.connections import DATABASE_ERRORS
+from django_venturi.store.connections import DATABASE_ERRORS, unavailable
 from django_venturi.store.verdicts import ErrorInfo, Verdict
 from django_venturi.worker.log import batched_lines
 from django_venturi.worker.run_events import RunEvents
@@ -76,6 +83,8 @@ class ResultsWriter(Service):
         self._streak = Streak()
         self._transient: dict[RunKey, int] = {}
         """Runs whose lone write failed with a database error that may pass: how often."""
+        self._unanswered: set[RunKey] = set()
+        """Runs whose last write failed on the connection: applied or not, nobody said."""
 
     # ------------------------------------------------------------ other threads
 
@@ -148,8 +157,10 @@ class ResultsWriter(Service):
     def _write(self, pending: list[Verdict]) -> bool:
         """Write the batch; False if it must be tried again (the database is away)."""
         try:
+            pending = self._settle_unanswered(pending)
             applied = write_runs(self.alias, self.events.worker, pending)
         except Exception as error:
+            self._note_unanswered(pending, error)
             self._streak.count += 1
             self.health.failed(error, what="writing results", repeated=self._streak.count > 1)
             if self.health.is_down or not self._write_one_by_one_now(error):
@@ -157,8 +168,46 @@ class ResultsWriter(Service):
             return self._write_each(pending)
         self._streak.count = 0
         self.health.back()
+        self._unanswered.difference_update(verdict.job.run_key for verdict in pending)
         self._written(pending, applied)
         return True
+
+    def _note_unanswered(self, verdicts: Sequence[Verdict], error: Exception) -> None:
+        """After a failed write: if the connection failed, nobody knows what it applied."""
+        if unavailable(error):
+            self._unanswered.update(verdict.job.run_key for verdict in verdicts)
+
+    def _doubtful(self, verdict: Verdict) -> bool:
+        """Whether an earlier write of this run may have been applied."""
+        return verdict.if_unapplied is not None or verdict.job.run_key in self._unanswered
+
+    def _settle_unanswered(self, pending: list[Verdict]) -> list[Verdict]:
+        """Before writing again what may have been applied: report the runs that were (as
+        the journal says), and return what is left to write, with an atomic run that was
+        not applied replaced by its `if_unapplied` verdict."""
+        doubtful = [self._doubtful(verdict) for verdict in pending]
+        if not any(doubtful):
+            return pending
+        outcomes = lost_answers.applied_outcomes(
+            self.alias,
+            [
+                (v.job.id, v.job.attempt)
+                for v, doubt in zip(pending, doubtful, strict=True)
+                if doubt
+            ],
+        )
+        settled: list[Verdict] = []
+        left: list[Verdict] = []
+        for verdict, doubt in zip(pending, doubtful, strict=True):
+            outcome = outcomes.get((verdict.job.id, verdict.job.attempt)) if doubt else None
+            if outcome is not None:
+                settled.append(as_applied(verdict, outcome))
+            else:
+                left.append(verdict.if_unapplied or verdict)
+        self._unanswered.difference_update(verdict.job.run_key for verdict in settled)
+        self._written(settled, {(verdict.job.id, verdict.job.attempt) for verdict in settled})
+        self._pending = left
+        return left
 
     def _write_one_by_one_now(self, error: Exception) -> bool:
         """A transient error (deadlock, lock timeout) gets a few more tries as a batch."""
@@ -173,7 +222,9 @@ class ResultsWriter(Service):
         for index, verdict in enumerate(pending):
             try:
                 applied |= self._write_alone(verdict)
-            except DATABASE_ERRORS:
+            except Exception as error:
+                if not unavailable(error):
+                    raise
                 if self.health.is_down:
                     again.extend(pending[index:])
                     break
@@ -215,7 +266,7 @@ class ResultsWriter(Service):
         try:
             return write_runs(self.alias, self.events.worker, [replacement])
         except Exception as error:
-            if isinstance(error, DATABASE_ERRORS) and self._database_away(error):
+            if unavailable(error) and self._database_away(error):
                 raise
             logger.critical(
                 "job %d: the database refused even a failed run (%s: %s); its lease will "
@@ -229,7 +280,7 @@ class ResultsWriter(Service):
 
     def _may_pass(self, verdict: Verdict, error: Exception) -> bool:
         """Whether a failed write is worth trying again rather than replacing the verdict."""
-        if not isinstance(error, DATABASE_ERRORS):
+        if not unavailable(error):
             db.close_old_connections()
             return False
         if self._database_away(error):
@@ -298,6 +349,14 @@ class ResultsWriter(Service):
                 lambda: progress.write_progress(self.alias, updates),
                 what="writing progress",
             )
+
+
+def as_applied(verdict: Verdict, outcome: str) -> Verdict:
+    """A verdict found applied by an earlier write, with the outcome its journal entry
+    says (the worker logs and signals that), and nothing more to write."""
+    return dataclasses.replace(
+        verdict, outcome=JournalOutcome(outcome), written=True, if_unapplied=None
+    )
 
 
 def unwritable(verdict: Verdict, error: Exception) -> Verdict:

@@ -14,6 +14,7 @@ then stops claiming, releases what the worker holds and exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -23,7 +24,12 @@ from typing import TypeVar
 
 from django import db
 
-from django_venturi.store.connections import DATABASE_ERRORS, close_broken_connections, reachable
+from django_venturi.store.connections import (
+    DATABASE_ERRORS,
+    close_broken_connections,
+    reachable,
+    refuses_writes,
+)
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -75,7 +81,17 @@ class DatabaseHealth:
         return result
 
     def failed(self, error: Exception, *, what: str, repeated: bool = False) -> None:
-        """A step failed: a lost database, or an error the database (or a bug) raised."""
+        """A step failed: a lost database, or an error the database (or a bug) raised.
+
+        A server refusing writes (read-only after a failover, shutting down) is a
+        database that is not there yet: the thread's connection is closed, so that its
+        next try reconnects and follows the failover, and the worker waits as for a
+        lost one until a connection may write again."""
+        if refuses_writes(error):
+            self.on_database_error()
+            self._drop_connection()
+            self.lost(error)
+            return
         if isinstance(error, DATABASE_ERRORS):
             self.on_database_error()
             if not self._reaches_database():
@@ -94,6 +110,13 @@ class DatabaseHealth:
             exc_info=error if not repeated else None,
             extra={"worker": self.worker},
         )
+
+    def _drop_connection(self) -> None:
+        """Close this thread's connection to the alias, outside any transaction."""
+        connection = db.connections[self.alias]
+        if not connection.in_atomic_block:
+            with contextlib.suppress(db.DatabaseError):
+                connection.close()
 
     def _reaches_database(self) -> bool:
         """After a database error: is it the statement, or is the database gone?"""

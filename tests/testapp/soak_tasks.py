@@ -116,3 +116,19 @@ class Slow(venturi.Task):
                 return venturi.Outcome.paused(None)
             time.sleep(0.02)
         return venturi.Outcome.completed()
+
+
+# ---------------------------------------------------------------- a read-only window
+
+
+@venturi.task(kind="soak.once", max_attempts=1)
+@dataclasses.dataclass
+class Once(venturi.Task):
+    """One attempt, the default lease: a verdict the database refused and the worker then
+    dropped would leave it `running` for minutes and end it `failed`."""
+
+    path: str
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        append_run(ctx, self.path)
+        return venturi.Outcome.completed()

@@ -1,0 +1,104 @@
+"""A read-only window under real workers: no finished result is lost or turned into a failure.
+
+A failover leaves clients on a demoted primary that refuses every write with
+SQLSTATE 25006 until they reconnect elsewhere. Here a private cluster's writes are
+refused for a few seconds (`default_transaction_read_only`, as a demoted primary
+answers) while three workers drain one-attempt jobs with the default lease: every
+verdict refused in the window must be kept and written once writes are accepted
+again, so every job completes, once, within seconds, and none fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connections
+from django.db.models import Count
+from pytest_django import DjangoDbBlocker
+
+import django_venturi as venturi
+from django_venturi.models import Job, JournalEntry
+from tests import clusters
+from tests.cluster_workers import DATABASE, WorkerPool, cluster_database, environment
+from tests.conftest import wait_until
+from tests.testapp.soak_tasks import Once
+
+ALIAS = "read_only"
+JOBS = 1500
+READ_ONLY_AT = 300
+"""Completed jobs when writes start being refused."""
+WINDOW = 3.0
+"""Seconds writes are refused."""
+AFTER_WINDOW = 30.0
+"""Seconds for every job to complete once writes are accepted again (the lease is 5 min)."""
+
+
+@pytest.fixture
+def cluster(django_db_blocker: DjangoDbBlocker) -> Iterator[clusters.Cluster]:
+    with django_db_blocker.unblock(), cluster_database("readonly", ALIAS) as cluster:
+        yield cluster
+
+
+def set_read_only(cluster: clusters.Cluster, on: bool) -> None:
+    """Every transaction of every session read-only from now on (or no longer)."""
+    value = "on" if on else "off"
+    cluster.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
+    cluster.execute("SELECT pg_reload_conf()")
+
+
+def states() -> dict[str, int]:
+    return dict(Job.objects.using(ALIAS).values_list("state").annotate(n=Count("id")))
+
+
+def test_verdicts_refused_in_a_read_only_window_are_written_once_it_ends(
+    cluster: clusters.Cluster, tmp_path: Path
+) -> None:
+    path = tmp_path / "runs.log"
+    jobs = venturi.enqueue_many([Once(path=str(path))] * JOBS, using=ALIAS)
+    ids = {job.pk for job in jobs}
+    pool = WorkerPool(tmp_path, environment(cluster.url(DATABASE)), "--concurrency", "4")
+    pool.start(3)
+    try:
+        wait_until(
+            lambda: states().get(venturi.State.COMPLETED, 0) >= READ_ONLY_AT,
+            timeout=60,
+            message=f"{READ_ONLY_AT} jobs completed",
+        )
+        set_read_only(cluster, True)
+        try:
+            # The scenario: workers hold runs whose verdicts the server refuses.
+            wait_until(
+                lambda: "read-only transaction" in pool.logs(),
+                timeout=WINDOW * 3,
+                message="a worker's write refused as read-only",
+            )
+            connections[ALIAS].close()
+            completed_in_window = states().get(venturi.State.COMPLETED, 0)
+            time.sleep(WINDOW)  # the fault's length, not a wait for the workers
+        finally:
+            set_read_only(cluster, False)
+        assert states().get(venturi.State.COMPLETED, 0) == completed_in_window, (
+            "a verdict was written while the server refused writes"
+        )
+        ran_in_window = len(path.read_text().splitlines())
+        assert ran_in_window > completed_in_window, "no run finished inside the window"
+        wait_until(
+            lambda: states().get(venturi.State.COMPLETED, 0) == JOBS,
+            timeout=AFTER_WINDOW,
+            message=f"every job completed: {states()}",
+        )
+        assert not pool.exited(), pool.logs()
+        codes = pool.stop()
+    finally:
+        pool.kill_all()
+    assert codes == [0, 0, 0], pool.logs()
+    outcomes = collections.Counter(
+        JournalEntry.objects.using(ALIAS).filter(job_id__in=ids).values_list("outcome", flat=True)
+    )
+    assert outcomes == {venturi.JournalOutcome.COMPLETED: JOBS}, outcomes
+    runs = collections.Counter(line.split()[0] for line in path.read_text().splitlines())
+    assert len(runs) == JOBS and set(runs.values()) == {1}, "a job ran twice or never"
