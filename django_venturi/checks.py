@@ -125,6 +125,13 @@ def check_settings(
             "venturi.E007",
         ),
         (
+            "STALL_TIMEOUT",
+            lambda v: v is None or _is_duration(v, MAX_DURATION),
+            f"must be None or a positive timedelta or number of seconds, at most "
+            f"{_longest(MAX_DURATION)}",
+            "venturi.E015",
+        ),
+        (
             "TASK_MODULES",
             lambda v: isinstance(v, list | tuple) and all(isinstance(m, str) for m in v),
             "must be a list of module paths",

@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION": None,
     "METRICS": False,
     "MAX_PAYLOAD_BYTES": 1_000_000,
+    "STALL_TIMEOUT": timedelta(seconds=60),
 }
 
 # Upper bounds of the settings and of the flags that override them. Past them a
@@ -210,6 +211,13 @@ class VenturiSettings:
     def METRICS(self) -> bool:
         """Record OpenTelemetry metrics and spans (needs the `metrics` extra)."""
         return bool(self._get("METRICS"))
+
+    @property
+    def STALL_TIMEOUT(self) -> timedelta | None:
+        """How long a part of the worker may work without coming round before the worker
+        stops extending its leases and exits non-zero (`worker/liveness.py`); None: never."""
+        value = self._get("STALL_TIMEOUT")
+        return None if value is None else as_timedelta(value)
 
     @property
     def MAX_PAYLOAD_BYTES(self) -> int | None:

@@ -37,6 +37,7 @@ from django_venturi.store.scheduling import TierClock
 from django_venturi.store.verdicts import Verdict
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
+from django_venturi.worker.liveness import CLAIM_LOOP, Progress
 from django_venturi.worker.pause_watch import PauseWatch
 from django_venturi.worker.runs import Runs
 from django_venturi.worker.scheduler import Scheduler
@@ -82,8 +83,10 @@ class Claimer:
         pause_watch: PauseWatch,
         listening: Callable[[], bool],
         wake_order: WakeOrder | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.worker = worker
+        self.progress = progress or Progress()
         self.alias = alias
         self.queues = queues
         self.batch_size = batch_size
@@ -118,7 +121,9 @@ class Claimer:
         """A step of the loop; after a failure, wait before the loop goes on."""
         result = self.health.guarded(action, what=what, streak=self._streak)
         if result is None and self._streak.count:
+            self.progress.waiting(CLAIM_LOOP)
             self._stop.wait(self.health.delay(self._streak.count))
+            self.progress.working(CLAIM_LOOP)
         return result
 
     def _release_unanswered(self) -> None:
@@ -131,6 +136,7 @@ class Claimer:
         scheduler = None if self.burst else Scheduler(self.alias)
         next_periodic = 0.0 if scheduler is not None else float("inf")
         while not self._stop.is_set() and not self._service_died():
+            self.progress.working(CLAIM_LOOP)
             self._wake.clear()
             calls = self.wake_order.take() if self.wake_order is not None else []
             if self._unanswered_claims:
@@ -176,6 +182,7 @@ class Claimer:
             next_chore = min(
                 next_rescue, next_periodic, self.pause_watch.next_look, self._next_hand_on()
             )
+            self.progress.waiting(CLAIM_LOOP)
             self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
 
     def _recover_stranded(self) -> None:

@@ -35,6 +35,7 @@ from django_venturi.store.connections import JobConnections, close_broken_connec
 from django_venturi.store.rate_limits import RateLimit
 from django_venturi.store.verdicts import ErrorInfo, Verdict
 from django_venturi.worker.execution import Execution
+from django_venturi.worker.liveness import HANDLER_POOL, Progress
 from django_venturi.worker.results import ResultsWriter
 from django_venturi.worker.run_events import RunEvents
 from django_venturi.worker.runs import Runs
@@ -53,8 +54,10 @@ class Handlers:
         results: ResultsWriter,
         events: RunEvents,
         wake: Callable[[], None],
+        progress: Progress | None = None,
     ) -> None:
         self.concurrency = concurrency
+        self.progress = progress or Progress()
         self.runs = runs
         self.results = results
         self.events = events
@@ -323,6 +326,8 @@ class Handlers:
             execution.replaced = self._lost_threads <= self.concurrency
             if not execution.replaced:
                 self._unreplaced += 1
+                if self._unreplaced == self.concurrency:  # no slot left: nothing will start
+                    self.progress.working(HANDLER_POOL)
             lost = self._lost_threads
         spec = registry.get(execution.job.kind)
         verdict = execution.timeout_verdict(spec, grace=f" and its grace of {_grace()}")
@@ -351,6 +356,7 @@ class Handlers:
             self._lost_threads -= 1
             if not execution.replaced:
                 self._unreplaced -= 1
+                self.progress.waiting(HANDLER_POOL)  # a slot again
         logger.warning(
             "job %d: the abandoned handler returned %s late; result discarded",
             execution.job.id,

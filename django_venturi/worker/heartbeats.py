@@ -17,6 +17,10 @@ Every heartbeat interval, in this order, on the heartbeat's own connection:
    heartbeat's: it is logged and tried again at the next look.
 
 Runs whose row was locked are tried again soon, not a whole interval later.
+
+A beat speaks for the whole worker (`liveness.py`): before each, the heartbeat
+asks whether a part of the worker has stalled. If one has, it beats no more (no
+lease extended, no registry row refreshed) and tells the worker, which stops.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from django import db
 
 from django_venturi.store import leases, registration
 from django_venturi.worker.execution import Execution
+from django_venturi.worker.liveness import Progress, Stall
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.runs import Runs
 from django_venturi.worker.supervision import DatabaseHealth, Service, Streak
@@ -55,8 +60,16 @@ class Heartbeat(Service):
         on_cancel: Callable[[Execution, str], None],
         orphan_watch: OrphanWatch | None = None,
         see_peers: Callable[[], None] | None = None,
+        progress: Progress | None = None,
+        stall_timeout: float | None = None,
+        on_stall: Callable[[Stall], None] = lambda stall: None,
     ) -> None:
         super().__init__()
+        self.progress = progress or Progress()
+        self.stall_timeout = stall_timeout
+        self._on_stall = on_stall
+        self.stalled: Stall | None = None
+        """The stall that ended this worker's beats, once one did."""
         self.alias = alias
         self.worker = worker
         self.runs = runs
@@ -77,6 +90,9 @@ class Heartbeat(Service):
     def loop(self) -> None:
         wait = self.interval
         while not self._done.wait(wait):
+            if self._has_stalled():
+                wait = self.interval
+                continue
             busy = self.health.guarded(self.beat, what="the heartbeat", streak=self._streak)
             if busy is None:
                 wait = min(self.interval, self.health.delay(self._streak.count))
@@ -86,6 +102,15 @@ class Heartbeat(Service):
                 self.health.guarded(
                     self._orphan_watch.look_if_due, what="looking for jobs no worker can run"
                 )
+
+    def _has_stalled(self) -> bool:
+        """Whether a part of the worker stalled (now or before): then nothing is beaten.
+        Not while the database is away: every part waits on it then."""
+        if self.stalled is None and not self.health.is_down:
+            self.stalled = self.progress.stall(self.stall_timeout)
+            if self.stalled is not None:
+                self._on_stall(self.stalled)
+        return self.stalled is not None
 
     def beat(self) -> int:
         """One heartbeat; return how many held runs' rows were locked by others."""

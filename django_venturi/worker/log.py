@@ -25,15 +25,18 @@ _batch = threading.local()
 
 @contextlib.contextmanager
 def batched_lines() -> Iterator[None]:
-    """Within this block, this thread's INFO and DEBUG lines are written at its end."""
+    """Within this block, this thread's INFO and DEBUG lines are written at its end, by
+    this thread, to the batching handlers it wrote to (none, when the worker's logging
+    goes through its queue: `log_queue.py`)."""
     _batch.open = True
+    _batch.touched = set()
     try:
         yield
     finally:
         _batch.open = False
-        for handler in logging.getLogger("django_venturi").handlers:
-            if isinstance(handler, BatchingStreamHandler):
-                handler.flush_batch()
+        touched, _batch.touched = _batch.touched, set()
+        for handler in touched:
+            handler.flush_batch()
 
 
 class BatchingStreamHandler(logging.StreamHandler[TextIO]):
@@ -46,8 +49,11 @@ class BatchingStreamHandler(logging.StreamHandler[TextIO]):
 
     def emit(self, record: logging.LogRecord) -> None:
         super().emit(record)
-        if record.levelno >= logging.WARNING and getattr(_batch, "open", False):
-            super().flush()
+        if getattr(_batch, "open", False):
+            if record.levelno >= logging.WARNING:
+                super().flush()
+            else:
+                _batch.touched.add(self)
 
     def flush_batch(self) -> None:
         super().flush()

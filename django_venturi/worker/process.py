@@ -58,6 +58,7 @@ from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
 from django_venturi.worker.heartbeats import Heartbeat
 from django_venturi.worker.listener import Listener
+from django_venturi.worker.liveness import Progress, Stall
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.pause_watch import PauseWatch
 from django_venturi.worker.results import ResultsWriter
@@ -69,6 +70,14 @@ from django_venturi.worker.timeouts import Watchdog
 from django_venturi.worker.wake_order import WakeOrder
 
 logger = logging.getLogger("django_venturi.worker")
+
+
+STALL_EXIT_WAIT = 10.0
+"""Seconds a stalled worker's shutdown may take before the process ends anyway."""
+
+
+def _seconds(duration: timedelta | None) -> float | None:
+    return None if duration is None else duration.total_seconds()
 
 
 class WorkerFailed(RuntimeError):
@@ -142,6 +151,8 @@ class Worker:
         """Set at the second stop request: skip the wait for running handlers."""
         self._wake = threading.Event()
         self.runs = Runs()
+        self.progress = Progress()
+        """Where each part of the worker is: the heartbeat beats only while they progress."""
         self.health = DatabaseHealth(worker=self.name, alias=self.database)
         self.events = RunEvents(self.name, sender=Worker)
         self.results = ResultsWriter(
@@ -151,6 +162,7 @@ class Worker:
             events=self.events,
             force=self._force,
             on_written=self._written,
+            progress=self.progress,
         )
         self.handlers = Handlers(
             concurrency=self.concurrency,
@@ -158,6 +170,7 @@ class Worker:
             results=self.results,
             events=self.events,
             wake=self._wake_claimer,
+            progress=self.progress,
         )
         self.health.on_database_error = self._on_database_error
         self.orphan_watch = OrphanWatch(alias=self.database, worker=self.name, queues=self.queues)
@@ -172,6 +185,9 @@ class Worker:
             on_cancel=self._cancel_requested,
             orphan_watch=self.orphan_watch,
             see_peers=self._see_peers,
+            progress=self.progress,
+            stall_timeout=_seconds(venturi_settings.STALL_TIMEOUT),
+            on_stall=self._stalled,
         )
         listening = connections[self.database].vendor == "postgresql"
         self.wake_order = (
@@ -202,10 +218,14 @@ class Worker:
             pause_watch=self.pause_watch,
             listening=self._listening,
             wake_order=self.wake_order,
+            progress=self.progress,
         )
         self._services: list[Service] = [self.results, self.heartbeat]
         self._listener: Listener | None = None
         self._failure: str | None = None
+        self.exit_if_wedged: Callable[[], None] | None = None
+        """Ends the process at once (`venturi_worker` sets it): called when the worker
+        stalled and its shutdown did not end within STALL_EXIT_WAIT seconds."""
         self.left_running = 0
         """Handlers still running when the worker stopped (released at shutdown, or
         abandoned past their timeout): their results are dropped, nothing waits for them."""
@@ -360,6 +380,27 @@ class Worker:
         self._stop.set()
         return True
 
+    def _stalled(self, stall: Stall) -> None:
+        """A part of the worker stalled (from the heartbeat): stop, and exit non-zero.
+
+        Its leases are extended no more. The runs not started are handed back; if the
+        shutdown itself cannot end (the stalled part is the one it waits for), the
+        process ends after STALL_EXIT_WAIT seconds, and the leases hand back the rest."""
+        self._failure = f"{stall}; stopping so that a supervisor starts a fresh worker"
+        logger.critical(
+            "worker %s stops: %s (STALL_TIMEOUT); its leases are no longer extended",
+            self.name,
+            stall,
+            extra={"worker": self.name},
+        )
+        self._stop.set()
+        self._force.set()
+        self._wake.set()
+        if self.exit_if_wedged is not None:
+            backstop = threading.Timer(STALL_EXIT_WAIT, self.exit_if_wedged)
+            backstop.daemon = True
+            backstop.start()
+
     def _execution(self, job: ClaimedJob, claimed: float) -> Execution:
         return Execution(
             job,
@@ -428,7 +469,7 @@ class Worker:
         self.left_running = len(still_running) + self.handlers.lost_threads()
         self.results.close()
         self._wait_for(self.results)
-        if self.results.died():
+        if self.results.died() or self.results.is_alive():
             self._release_directly()
         self.heartbeat.stop()
         self._wait_for(self.heartbeat)
@@ -458,9 +499,10 @@ class Worker:
             )
 
     def _wait_for(self, service: Service) -> None:
-        """Join a service; if it died, what it held is left to lease recovery."""
+        """Join a service; if it died, what it held is left to lease recovery. After a
+        stall, for STALL_EXIT_WAIT seconds at most: it may be the stalled part."""
         if service.started:
-            service.join()
+            service.join(STALL_EXIT_WAIT if self.heartbeat.stalled is not None else None)
         if service.died():
             self._service_died()
 

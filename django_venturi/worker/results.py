@@ -40,6 +40,7 @@ from django_venturi.store.claim import RunKey
 from django_venturi.store.completion import AppliedRun, write_runs
 from django_venturi.store.connections import DATABASE_ERRORS, unavailable
 from django_venturi.store.verdicts import ErrorInfo, Verdict
+from django_venturi.worker.liveness import RESULTS_WRITER, Progress
 from django_venturi.worker.log import batched_lines
 from django_venturi.worker.run_events import RunEvents
 from django_venturi.worker.runs import Runs
@@ -68,8 +69,10 @@ class ResultsWriter(Service):
         events: RunEvents,
         force: threading.Event,
         on_written: Callable[[Sequence[Verdict]], None],
+        progress: Progress | None = None,
     ) -> None:
         super().__init__()
+        self.progress = progress or Progress()
         self.alias = alias
         self.runs = runs
         self.health = health
@@ -101,6 +104,7 @@ class ResultsWriter(Service):
         """Write until closed and every held run's verdict is written (or forced)."""
         next_progress = time.monotonic() + progress.PROGRESS_INTERVAL
         while True:
+            self.progress.working(RESULTS_WRITER)
             if time.monotonic() >= next_progress:
                 self._flush_progress()
                 next_progress = time.monotonic() + progress.PROGRESS_INTERVAL
@@ -108,14 +112,17 @@ class ResultsWriter(Service):
                 if self._closing and (self.runs.idle() or self._force.is_set()):
                     return
                 wait = CLOSING_POLL if self._closing else next_progress - time.monotonic()
+                self.progress.waiting(RESULTS_WRITER)
                 if not self._take(wait):
                     continue
+                self.progress.working(RESULTS_WRITER)
             self._take_waiting()
             if self._write(self._pending):
                 self._pending = []
             elif self._closing and self._force.is_set():
                 self._give_up_on_pending()
             else:
+                self.progress.waiting(RESULTS_WRITER)
                 time.sleep(self.health.delay(self._streak.count))
 
     def _take(self, timeout: float) -> bool:

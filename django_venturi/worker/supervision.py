@@ -195,6 +195,9 @@ class Service:
     def started(self) -> bool:
         return self._thread.ident is not None
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def loop(self) -> None:
         raise NotImplementedError
 

@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import sys
+import threading
 from typing import Any, NoReturn
 
 from django.conf import settings
@@ -27,6 +28,7 @@ from django_venturi.management import flags
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
 from django_venturi.worker.log import stderr_handler
+from django_venturi.worker.log_queue import LogQueue
 from django_venturi.worker.process import Worker, WorkerFailed
 
 
@@ -122,6 +124,12 @@ class Command(BaseCommand):
             list_kinds=options["verbosity"] >= 2,
         )
         restore = worker.install_signal_handlers()
+        log = LogQueue() if self.own_process else None
+        if log is not None:
+            # A log output that blocks must not stop the worker (`log_queue.py`), and a
+            # worker that stalled ends its process if its shutdown cannot end.
+            log.install()
+            worker.exit_if_wedged = lambda: exit_now(1)
         if self.own_process:
             # What start-up made (Django, the apps, their modules) lives as long as
             # the process: out of the cyclic collector's sight, its collections no
@@ -131,10 +139,14 @@ class Command(BaseCommand):
         try:
             worker.run()
         except WorkerFailed as error:
+            if log is not None and not log.uninstall():
+                exit_now(1)  # its output takes no more: saying why would block for ever
             raise CommandError(f"the worker stopped: {error}") from None
         finally:
             restore()
             self.left_running = worker.left_running
+            if log is not None and not log.uninstall():
+                self.left_running += 1  # nothing more is written: end without waiting
 
     def run_from_argv(self, argv: list[str]) -> None:
         """Run as a process of its own; once the worker stopped, exit without waiting
@@ -239,10 +251,21 @@ def default_queues() -> set[str]:
     return queues
 
 
+EXIT_WAIT = 5.0
+"""Seconds `exit_now` gives the atexit callbacks and the final flushes."""
+
+
 def exit_now(status: int) -> NoReturn:
     """End the process: run the atexit callbacks (logging's flush among them) and exit
-    without joining the threads still running handlers."""
+    without joining the threads still running handlers. An output nobody reads would
+    block those flushes for ever: they get EXIT_WAIT seconds."""
+    finishing = threading.Thread(target=_finish_output, name="venturi-exit", daemon=True)
+    finishing.start()
+    finishing.join(EXIT_WAIT)
+    os._exit(status)
+
+
+def _finish_output() -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)

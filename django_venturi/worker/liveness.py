@@ -1,0 +1,67 @@
+"""Liveness is the whole worker's: the heartbeat speaks only for a worker that makes progress.
+
+A heartbeat proves a worker alive: it extends the leases of the runs the worker
+holds and keeps its registry row fresh, so nobody recovers those runs. A worker
+whose heartbeat thread is fine but whose results writer is blocked (in a log
+handler writing to a pipe nobody reads, say) or whose handler slots are all
+taken by threads abandoned past their timeout would hold its runs for as long as
+it lived, while looking alive to `venturi_stats --check-workers` and to others.
+
+So each part the worker's runs depend on says when it is at work and when it is
+waiting (`Progress`): the claim loop and the results writer at each turn of their
+loops, the handler pool while it has no slot left. A part at work for longer than
+`VENTURI["STALL_TIMEOUT"]` without coming round is stalled: the heartbeat then
+stops extending leases and beating, and the worker stops with a failure (it hands
+back the runs it has not started and exits non-zero, for its supervisor to start
+a new one). What it holds but cannot hand back, its leases hand back: they are
+no longer extended, so other workers recover those runs when they run out.
+
+Waiting for the database is not a stall: while the database is away the parts
+wait on it, and the heartbeat cannot beat either.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+CLAIM_LOOP = "claim loop"
+RESULTS_WRITER = "results writer"
+HANDLER_POOL = "handler pool"
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A part of the worker at work for too long without coming round."""
+
+    part: str
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"its {self.part} made no progress for {self.seconds:.0f} s"
+
+
+class Progress:
+    """When each part of the worker started its current piece of work (None: waiting)."""
+
+    def __init__(self) -> None:
+        self._busy_since: dict[str, float | None] = {}
+
+    def working(self, part: str) -> None:
+        """`part` starts a new piece of work (a turn of its loop): its clock restarts."""
+        self._busy_since[part] = time.monotonic()
+
+    def waiting(self, part: str) -> None:
+        """`part` waits for work (or for the database): it cannot stall."""
+        self._busy_since[part] = None
+
+    def stall(self, bound: float | None) -> Stall | None:
+        """The part at work the longest, if for more than `bound` seconds."""
+        if bound is None:
+            return None
+        now = time.monotonic()
+        busy = [(now - since, part) for part, since in list(self._busy_since.items()) if since]
+        if not busy:
+            return None
+        seconds, part = max(busy)
+        return Stall(part, seconds) if seconds > bound else None

@@ -1,0 +1,170 @@
+"""A worker that cannot make progress stops looking alive: real `venturi_worker` processes.
+
+Two ways a worker used to keep beating while its jobs went nowhere: its log output
+went to a pipe nobody read (the results writer blocked in the log handler), and
+its handler threads were all abandoned past their timeout (no slot left for the
+jobs it had already taken). Now logging goes through a bounded queue that drops
+lines rather than blocking, and a worker whose handler pool, results writer or
+claim loop stalls past `STALL_TIMEOUT` stops extending its leases, hands back the
+runs it has not started, and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import django_venturi as venturi
+from django_venturi.models import Job
+from django_venturi.worker import log_queue
+from tests.conftest import ROOT, wait_until, worker_env
+from tests.testapp.control_tasks import IgnoresTimeout
+from tests.testapp.tasks import Noop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def spawn(
+    started: list[subprocess.Popen[bytes]],
+    *args: str,
+    settings: dict[str, object] | None = None,
+    log: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """A worker logging to `log`, or to a pipe this test reads only when it says so."""
+    env = {**worker_env(), "VENTURI_TEST_SETTINGS": json.dumps(settings or {})}
+    output = subprocess.PIPE if log is None else log.open("wb")
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "django", "venturi_worker", "--database", "default", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    finally:
+        if log is not None:
+            output.close()  # type: ignore[union-attr]
+    started.append(process)
+    return process
+
+
+def test_a_worker_whose_log_output_is_never_read_keeps_writing_results(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    jobs = venturi.enqueue_many([Noop(n=n) for n in range(2500)])
+    # -v 2: a line per run and more, far past what the pipe's buffer (64 KiB) holds.
+    worker = spawn(processes, "-v", "2", "--concurrency", "4")
+    wait_until(
+        lambda: Job.objects.filter(state=venturi.State.COMPLETED).count() == len(jobs),
+        timeout=90,
+        message="every job completed although nobody reads the worker's output",
+    )
+    assert worker.poll() is None
+    worker.send_signal(signal.SIGTERM)
+    # Still unread: its last lines cannot be written, and must not keep it alive.
+    assert worker.wait(timeout=30) == 0
+    output = worker.stdout.read().decode(errors="replace") if worker.stdout else ""
+    # The scenario: the pipe was full (64 KiB), so many runs' lines were never written.
+    assert len(output) > 60_000, len(output)
+    assert output.count(": completed") < len(jobs), output.count(": completed")
+
+
+class Blocking(logging.Handler):
+    """A handler whose output blocks until released, like a pipe nobody reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+        self.entered = threading.Event()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.entered.set()
+        self.released.wait()
+        self.lines.append(record.getMessage())
+
+
+def test_a_full_log_queue_drops_and_counts_lines_instead_of_blocking() -> None:
+    # On venturi's logger, where the log thread also says how many lines it dropped.
+    logger = logging.getLogger("django_venturi")
+    handler = Blocking()
+    logger.addHandler(handler)
+    configured = list(logger.handlers)
+    propagate, logger.propagate = logger.propagate, False
+    log = log_queue.LogQueue(capacity=10)
+    log.install()
+    try:
+        finished = threading.Event()
+
+        def hot_path() -> None:
+            logger.warning("line %d", 0)
+            handler.entered.wait()  # the log thread holds line 0, blocked in the output
+            for n in range(1, 100):
+                logger.warning("line %d", n)
+            finished.set()
+
+        threading.Thread(target=hot_path, daemon=True).start()
+        assert finished.wait(timeout=10), "logging blocked the thread that logged"
+        # One line taken by the blocked handler, ten queued: the rest dropped and counted.
+        assert log.dropped == 89
+        handler.released.set()
+        wait_until(lambda: len(handler.lines) == 12, timeout=10, message="the queue written")
+        assert logger.handlers != configured, "the handlers behind the queue while installed"
+    finally:
+        handler.released.set()
+        assert log.uninstall()
+        assert logger.handlers == configured, "the logger's own handlers given back"
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+    assert handler.lines[:11] == [f"line {n}" for n in range(11)]
+    assert handler.lines[11].startswith("89 log lines dropped so far"), handler.lines[11]
+
+
+def test_a_worker_with_no_handler_slot_left_hands_back_its_jobs_and_exits_non_zero(
+    processes: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    # One slot: the first stuck handler is abandoned at its timeout (1 s + 1 s grace) and
+    # a replacement thread takes the next run, which is stuck too; past that no thread
+    # replaces it, and an ordinary job the worker claimed meanwhile never starts.
+    venturi.enqueue_many([IgnoresTimeout(seconds=60)] * 2)
+    ordinary = venturi.enqueue_many([Noop(n=n) for n in range(3)])
+    ordinary_ids = [job.pk for job in ordinary]
+    log = tmp_path / "worker.log"
+    settings = {"STALL_TIMEOUT": 2, "HEARTBEAT_INTERVAL": 0.5}
+    first = spawn(processes, "--concurrency", "1", settings=settings, log=log)
+    wait_until(lambda: "no replacement" in log.read_text(), timeout=30, message="no slot left")
+    # The scenario: an ordinary job held by this worker that no slot can start.
+    held = Job.objects.filter(pk__in=ordinary_ids, state=venturi.State.RUNNING)
+    assert held.exists(), list(Job.objects.values_list("id", "kind", "state", "attempt"))
+    assert first.wait(timeout=30) != 0
+    output = log.read_text()
+    assert "its handler pool made no progress" in output, output[-3000:]
+    # Handed back when it stopped, not left to a 5-minute lease.
+    states = set(Job.objects.filter(pk__in=ordinary_ids).values_list("state", flat=True))
+    assert states == {venturi.State.READY}, states
+    spawn(processes, "--burst", "--queues", "default")
+    wait_until(
+        lambda: Job.objects.filter(pk__in=ordinary_ids, state=venturi.State.COMPLETED).count() == 3,
+        timeout=30,
+        message="the handed-back jobs completed by another worker",
+    )
