@@ -66,7 +66,7 @@ from django_venturi.worker.runs import Runs
 from django_venturi.worker.supervision import DatabaseHealth, Service
 from django_venturi.worker.sweeper import Sweeper
 from django_venturi.worker.timeouts import Watchdog
-from django_venturi.worker.wake_order import WakeOrder
+from django_venturi.worker.wake_order import ListenerLocks, WakeOrder
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -339,6 +339,11 @@ class Worker:
                     cancel_channel(): self._on_cancel_notify,
                     pause_channel(): self._on_pause_notify,
                 },
+                session=(
+                    None
+                    if self.wake_order is None
+                    else ListenerLocks(self.wake_order, wake=self._wake_claimer)
+                ),
             )
             self._listener.start()
 
