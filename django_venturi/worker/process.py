@@ -49,10 +49,11 @@ from django_venturi.store import orphan_kinds, registration, verdicts
 from django_venturi.store.cancel import cancel_channel
 from django_venturi.store.claim import ClaimedJob
 from django_venturi.store.completion import write_verdicts
+from django_venturi.store.connections import bound_waits
 from django_venturi.store.pauses import pause_channel
 from django_venturi.store.verdicts import Verdict
 from django_venturi.tasks_backend import runner
-from django_venturi.worker import options
+from django_venturi.worker import first_contact, options, systemd
 from django_venturi.worker.claimer import Claimer
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
@@ -126,6 +127,8 @@ class Worker:
         )
         self.burst = burst
         self.database = database or venturi_settings.DATABASE
+        for alias in {self.database, self._listen_alias()}:
+            bound_waits(alias)
         self.batch_size = options.whole_number(
             "batch_size", batch_size or venturi_settings.BATCH_SIZE, largest=MAX_BATCH_SIZE
         )
@@ -204,11 +207,19 @@ class Worker:
             wake_order=self.wake_order,
         )
         self._services: list[Service] = [self.results, self.heartbeat]
+        self._database_answered = False
         self._listener: Listener | None = None
         self._failure: str | None = None
         self.left_running = 0
         """Handlers still running when the worker stopped (released at shutdown, or
         abandoned past their timeout): their results are dropped, nothing waits for them."""
+
+    def _listen_alias(self) -> str:
+        """LISTEN_DATABASE belongs to VENTURI["DATABASE"]; a worker given another alias
+        listens on that alias itself."""
+        if self.database == venturi_settings.DATABASE:
+            return venturi_settings.LISTEN_DATABASE
+        return self.database
 
     @property
     def processed(self) -> int:
@@ -242,6 +253,9 @@ class Worker:
             ),
             extra={"worker": self.name, "kinds": self.kinds},
         )
+        if not self.wait_for_database():
+            logger.info("worker %s stopped before it started", self.name)
+            return
         # A configuration error stops the worker here, before it registers: a worker
         # that never ran must not be listed as live.
         telemetry.install(database=self.database)
@@ -250,6 +264,10 @@ class Worker:
         self.health.guarded(
             self.orphan_watch.look_at_start, what="looking for jobs no worker can run"
         )
+        systemd.ready(
+            status=f"working: queues={','.join(self.queues) if self.queues else '*'} "
+            f"concurrency={self.concurrency}"
+        )
         try:
             Sweeper.start_if_configured(alias=self.database, stop=self._stop)
             self.claimer.loop()
@@ -257,6 +275,15 @@ class Worker:
             self._shut_down()
         if self._failure is not None:
             raise WorkerFailed(self._failure)
+
+    def wait_for_database(self) -> bool:
+        """Before anything starts: wait until the database answers (`first_contact`);
+        False if stopped meanwhile. Raises `DatabaseUnreachable` with `burst`."""
+        if not self._database_answered:
+            self._database_answered = first_contact.wait_for_database(
+                self.database, worker=self.name, burst=self.burst, stop=self._stop
+            )
+        return self._database_answered
 
     def stop(self, *, force: bool = False) -> None:
         """Ask the worker to stop: finish running jobs, then release what is left.
@@ -417,6 +444,7 @@ class Worker:
 
     def _shut_down(self) -> None:
         self._stop.set()
+        systemd.stopping()
         self.claimer.hand_on_calls()  # this worker claims no more: the next ones may
         self.handlers.release(self.runs.take_queued(), reason="")
         deadline = time.monotonic() + self.shutdown_timeout
