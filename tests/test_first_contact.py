@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -135,9 +136,10 @@ def alias_with_options() -> Iterator[str]:
 
 
 def test_a_workers_connections_bound_their_waits_under_the_aliass_own_options(
-    alias_with_options: str,
+    alias_with_options: str, django_db_blocker: Any
 ) -> None:
-    Worker(database=alias_with_options)
+    with django_db_blocker.unblock():  # an alias of the test's own, only tried
+        assert Worker(database=alias_with_options).wait_for_database()
     params = connection_params(alias_with_options)
     assert params["keepalives_idle"] == 60, "the alias's OPTIONS win"
     for option in ("keepalives", "keepalives_interval", "keepalives_count", "tcp_user_timeout"):

@@ -11,7 +11,9 @@ looking active. Now it tries the database first, from the main thread:
   tries again, tells systemd what it waits for, and is not ready (no `READY=1`)
   until the database answers.
 
-Each try is bounded by the alias's `connect_timeout` (`store.connections.BOUNDED_WAITS`).
+First it bounds the waits of the worker's connections (`store.connections.bound_waits`,
+on the jobs alias and the listener's), so that each try gives up after the alias's
+`connect_timeout`, and no connection of the worker is left waiting on a dead peer.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import time
 
 from django.db import connections
 
-from django_venturi.store.connections import DATABASE_ERRORS
+from django_venturi.store.connections import DATABASE_ERRORS, bound_waits
 from django_venturi.worker import systemd
+from django_venturi.worker.listener import listener_alias
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -79,6 +82,8 @@ def wait_for_database(alias: str, *, worker: str, burst: bool, stop: threading.E
     """Return once the database answers (True), or when `stop` is set first (False).
 
     Raises `DatabaseUnreachable` for a burst worker whose database does not answer."""
+    for each in {alias, listener_alias(alias)}:
+        bound_waits(each)
     error = try_database(alias)
     if error is None:
         return True

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from django_venturi.conf import venturi_settings
 from django_venturi.store.connections import connection_params
 
 if TYPE_CHECKING:
@@ -30,6 +31,14 @@ logger = logging.getLogger("django_venturi.listener")
 RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
 WAIT_SLICE = 0.25
 """How long one wait for notifications lasts before checking for stop."""
+
+
+def listener_alias(database: str) -> str:
+    """The alias a worker of `database` listens on: LISTEN_DATABASE belongs to
+    VENTURI["DATABASE"]; a worker given another alias listens on that alias itself."""
+    if database == venturi_settings.DATABASE:
+        return venturi_settings.LISTEN_DATABASE
+    return database
 
 
 class Session(Protocol):

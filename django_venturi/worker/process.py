@@ -42,14 +42,12 @@ from django_venturi.conf import (
     venturi_settings,
 )
 from django_venturi.observe import telemetry
-from django_venturi.payloads import text
 from django_venturi.registry import registry
 from django_venturi.states import JournalOutcome
 from django_venturi.store import orphan_kinds, registration, verdicts
 from django_venturi.store.cancel import cancel_channel
 from django_venturi.store.claim import ClaimedJob
 from django_venturi.store.completion import write_verdicts
-from django_venturi.store.connections import bound_waits
 from django_venturi.store.pauses import pause_channel
 from django_venturi.store.verdicts import Verdict
 from django_venturi.tasks_backend import runner
@@ -58,7 +56,7 @@ from django_venturi.worker.claimer import Claimer
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
 from django_venturi.worker.heartbeats import Heartbeat
-from django_venturi.worker.listener import Listener
+from django_venturi.worker.listener import Listener, listener_alias
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.pause_watch import PauseWatch
 from django_venturi.worker.results import ResultsWriter
@@ -74,19 +72,6 @@ logger = logging.getLogger("django_venturi.worker")
 
 class WorkerFailed(RuntimeError):
     """A part of the worker could not go on: it released what it held and stopped."""
-
-
-MAX_NAME_LENGTH = 200
-"""The longest worker name (`Job.claimed_by`, `JournalEntry.worker`)."""
-
-
-def _check_name(name: str) -> None:
-    """A worker's name goes into every row it writes: refuse one the database cannot store."""
-    trouble = text.problem(name)
-    if trouble is None and len(name) > MAX_NAME_LENGTH:
-        trouble = f"is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
-    if trouble is not None:
-        raise ValueError(f"Worker(name=...) {trouble}: {name[:40]!r}")
 
 
 class Worker:
@@ -127,13 +112,11 @@ class Worker:
         )
         self.burst = burst
         self.database = database or venturi_settings.DATABASE
-        for alias in {self.database, self._listen_alias()}:
-            bound_waits(alias)
         self.batch_size = options.whole_number(
             "batch_size", batch_size or venturi_settings.BATCH_SIZE, largest=MAX_BATCH_SIZE
         )
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        _check_name(self.name)
+        options.check_name(self.name)
         self.heartbeat_interval = self._heartbeat_interval()
         tasks_kind_prefix = runner.claimable_prefix()
         self.kinds = orphan_kinds.runnable_kinds(tasks_kind_prefix)
@@ -208,18 +191,12 @@ class Worker:
         )
         self._services: list[Service] = [self.results, self.heartbeat]
         self._database_answered = False
+        """The database answered before anything started (`first_contact`)."""
         self._listener: Listener | None = None
         self._failure: str | None = None
         self.left_running = 0
         """Handlers still running when the worker stopped (released at shutdown, or
         abandoned past their timeout): their results are dropped, nothing waits for them."""
-
-    def _listen_alias(self) -> str:
-        """LISTEN_DATABASE belongs to VENTURI["DATABASE"]; a worker given another alias
-        listens on that alias itself."""
-        if self.database == venturi_settings.DATABASE:
-            return venturi_settings.LISTEN_DATABASE
-        return self.database
 
     @property
     def processed(self) -> int:
@@ -264,10 +241,8 @@ class Worker:
         self.health.guarded(
             self.orphan_watch.look_at_start, what="looking for jobs no worker can run"
         )
-        systemd.ready(
-            status=f"working: queues={','.join(self.queues) if self.queues else '*'} "
-            f"concurrency={self.concurrency}"
-        )
+        queues = ",".join(self.queues) if self.queues else "*"
+        systemd.ready(status=f"working: queues={queues} concurrency={self.concurrency}")
         try:
             Sweeper.start_if_configured(alias=self.database, stop=self._stop)
             self.claimer.loop()
@@ -277,8 +252,7 @@ class Worker:
             raise WorkerFailed(self._failure)
 
     def wait_for_database(self) -> bool:
-        """Before anything starts: wait until the database answers (`first_contact`);
-        False if stopped meanwhile. Raises `DatabaseUnreachable` with `burst`."""
+        """Wait until the database answers (`first_contact`); False if stopped first."""
         if not self._database_answered:
             self._database_answered = first_contact.wait_for_database(
                 self.database, worker=self.name, burst=self.burst, stop=self._stop
@@ -351,13 +325,7 @@ class Worker:
             executing=self.runs.executing, abandon=self.handlers.abandon, stopped=self._force
         )
         self._watchdog.start()
-        # LISTEN_DATABASE belongs to VENTURI["DATABASE"]; a worker given another
-        # alias listens on that alias itself.
-        listen_alias = (
-            venturi_settings.LISTEN_DATABASE
-            if self.database == venturi_settings.DATABASE
-            else self.database
-        )
+        listen_alias = listener_alias(self.database)
         if connections[listen_alias].vendor == "postgresql":
             self._listener = Listener(
                 alias=listen_alias,
