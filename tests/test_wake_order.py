@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import time
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ from django.db import connections
 
 import django_venturi as venturi
 from django_venturi.models import Job, WorkerProcess
+from django_venturi.store import listener_locks, registration
 from django_venturi.store.registration import Peer
 from django_venturi.worker.wake_order import HAND_ON_INTERVAL, Call, WakeOrder
 from tests.conftest import Workers, wait_until
@@ -111,6 +113,35 @@ def test_the_same_call_is_handed_on_at_most_once_per_interval_and_then_again() -
     assert wake_order.take() == [call]
     assert wake_order.next_deferred() is None
     assert wake_order.hand_on([call]) == ["default 2"]
+
+
+def test_a_call_that_passed_by_is_answered_once_the_dead_are_left_out() -> None:
+    """w1 and w2 were killed: their rows are listed, their listener locks are gone."""
+    names = ["w1", "w2", "w3", "w4"]
+    wake_order = order("w3", names)
+    assert wake_order.hear(frozenset(listener_locks.key(name) for name in names)) is False
+    assert not wake_order.answers("default")
+    assert wake_order.look_due() is False  # looked less than LOOK_INTERVAL ago
+    assert wake_order.take() == []
+    assert wake_order.hear(frozenset(listener_locks.key(name) for name in ["w3", "w4"]))
+    assert wake_order.take() == [Call("default", 0)]
+    assert wake_order.answers("default")
+
+
+def test_listener_locks_count_only_when_this_workers_own_is_seen() -> None:
+    """A listener that is away, or that looks at another database, sees no lock of its own."""
+    wake_order = order("w3", ["w1", "w2", "w3"])
+    wake_order.hear(frozenset({listener_locks.key("w1")}))
+    assert not wake_order.answers("default")
+    assert wake_order.answers("default 2")
+
+
+def test_workers_the_last_look_did_not_know_of_call_for_a_look() -> None:
+    wake_order = order("w1", ["w1"])
+    wake_order.hear(frozenset({listener_locks.key("w1")}))
+    assert not wake_order.look_due()
+    wake_order.see([Peer("w1", None, KINDS), Peer("w0", None, KINDS)])
+    assert wake_order.look_due()
 
 
 # ---------------------------------------------------------------- real workers
@@ -241,3 +272,40 @@ def test_a_job_runs_at_once_when_the_first_worker_was_killed_a_moment_ago(
     record = wait_until(lambda: ran(job), timeout=20, message="the job to run")
     assert time.monotonic() - began < 5  # not after a minute's poll
     assert record.value == second
+
+
+def wake_latencies(count: int, expected_pid: int | None = None) -> list[float]:
+    """Seconds from each of `count` enqueues (one after another) to its job's run."""
+    latencies = []
+    for _ in range(count):
+        began = time.monotonic()
+        job = tasks.Sleeper(seconds=0).enqueue()
+        record = wait_until(lambda job=job: ran(job), timeout=20, message="the job to run")
+        latencies.append(time.monotonic() - began)
+        if expected_pid is not None:
+            assert record.value == expected_pid
+    return latencies
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wake_ups_reach_the_survivor_at_once_after_three_of_four_workers_were_killed(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 (a lost node, an OOM kill) leaves registry rows that look live for
+    `stale_after()` (30 s); their listeners' connections are gone at once, and the
+    survivor, last of its group, is called right away instead of at its next poll."""
+    start_idle_workers(workers, monkeypatch, 4, "--poll-interval", "1")
+    normal = statistics.median(wake_latencies(5))
+    *doomed, (_, survivor) = sorted(WorkerProcess.objects.values_list("name", "pid"))
+    for _, pid in doomed:
+        (process,) = [p for p in workers.processes if p.pid == pid]
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+    after = wake_latencies(15, expected_pid=survivor)
+    # The killed workers were still live by their heartbeats throughout.
+    listed = {peer.name for peer in registration.live_peers("default")}
+    assert {name for name, _ in doomed} <= listed, f"measured after the rows went stale: {after}"
+    # Without the wake-up the survivor claims at its next poll: about 1 s each time.
+    assert statistics.median(after) < 0.3, (
+        f"normal {normal:.3f} s; after the kills {[round(s, 3) for s in after]}"
+    )

@@ -9,7 +9,9 @@ a connection broken by a database restart would stay broken in such a thread,
 failing every run there.
 
 It also gives the parameters of a direct psycopg connection to an alias
-(`connection_params`), which the listener and the sweeper open outside Django.
+(`connection_params`), which the listener and the sweeper open outside Django,
+and the bounded waits (`bound_waits`: TCP keepalives, `tcp_user_timeout`, a
+connect timeout) that a worker gives its aliases unless their OPTIONS say otherwise.
 """
 
 from __future__ import annotations
@@ -195,3 +197,42 @@ def connection_params(alias: str) -> dict[str, Any]:
         for key, value in params.items()
         if key not in {"cursor_factory", "context", "prepare_threshold", "server_side_binding"}
     }
+
+
+BOUNDED_WAITS: dict[str, int] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+"""libpq options a worker's PostgreSQL connections get unless the alias's OPTIONS set
+them: a connection attempt gives up after 10 s, and a connection whose peer went
+silent without a reset (a NAT or firewall timeout, a lost host) is noticed within
+about 30 s (keepalive probes from 10 s idle, then every 5 s; unacknowledged data
+for 30 s), instead of the kernel's defaults (two hours of idle, then about 15
+minutes of retransmissions). `tcp_user_timeout` is in milliseconds (libpq 12+)."""
+TCP_USER_TIMEOUT_LIBPQ = 120000
+"""The first libpq version that knows `tcp_user_timeout`."""
+
+
+def bound_waits(alias: str) -> None:
+    """Give the PostgreSQL alias's connections `BOUNDED_WAITS`, below its own OPTIONS.
+
+    For the whole process, from its next connection on: the worker calls it for its
+    aliases before its threads connect."""
+    if connections[alias].vendor != "postgresql":
+        return
+    options = connections.settings[alias].setdefault("OPTIONS", {})
+    for name, value in bounded_waits().items():
+        options.setdefault(name, value)
+
+
+def bounded_waits() -> dict[str, int]:
+    """`BOUNDED_WAITS`, without what this process's libpq does not know."""
+    from psycopg import pq
+
+    if pq.version() >= TCP_USER_TIMEOUT_LIBPQ:
+        return dict(BOUNDED_WAITS)
+    return {name: value for name, value in BOUNDED_WAITS.items() if name != "tcp_user_timeout"}

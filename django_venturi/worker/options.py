@@ -11,6 +11,20 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django_venturi.payloads import text
+
+MAX_NAME_LENGTH = 200
+"""The longest worker name (`Job.claimed_by`, `JournalEntry.worker`)."""
+
+
+def check_name(name: str) -> None:
+    """A worker's name goes into every row it writes: refuse one the database cannot store."""
+    trouble = text.problem(name)
+    if trouble is None and len(name) > MAX_NAME_LENGTH:
+        trouble = f"is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
+    if trouble is not None:
+        raise ValueError(f"Worker(name=...) {trouble}: {name[:40]!r}")
+
 
 def whole_number(name: str, value: int, *, largest: int) -> int:
     """`value` if it is a whole number from 1 to `largest`; else a `ValueError`."""

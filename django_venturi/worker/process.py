@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import signal
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from types import FrameType
 
 from django.db import connections
 
@@ -42,7 +39,6 @@ from django_venturi.conf import (
     venturi_settings,
 )
 from django_venturi.observe import telemetry
-from django_venturi.payloads import text
 from django_venturi.registry import registry
 from django_venturi.states import JournalOutcome
 from django_venturi.store import orphan_kinds, registration, verdicts
@@ -52,12 +48,12 @@ from django_venturi.store.completion import write_verdicts
 from django_venturi.store.pauses import pause_channel
 from django_venturi.store.verdicts import Verdict
 from django_venturi.tasks_backend import runner
-from django_venturi.worker import options
+from django_venturi.worker import first_contact, options, stop_signals, systemd
 from django_venturi.worker.claimer import Claimer
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
 from django_venturi.worker.heartbeats import Heartbeat
-from django_venturi.worker.listener import Listener
+from django_venturi.worker.listener import Listener, listener_alias
 from django_venturi.worker.liveness import Progress, Stall
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.pause_watch import PauseWatch
@@ -67,7 +63,7 @@ from django_venturi.worker.runs import Runs
 from django_venturi.worker.supervision import DatabaseHealth, Service
 from django_venturi.worker.sweeper import Sweeper
 from django_venturi.worker.timeouts import Watchdog
-from django_venturi.worker.wake_order import WakeOrder
+from django_venturi.worker.wake_order import ListenerLocks, WakeOrder
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -82,19 +78,6 @@ def _seconds(duration: timedelta | None) -> float | None:
 
 class WorkerFailed(RuntimeError):
     """A part of the worker could not go on: it released what it held and stopped."""
-
-
-MAX_NAME_LENGTH = 200
-"""The longest worker name (`Job.claimed_by`, `JournalEntry.worker`)."""
-
-
-def _check_name(name: str) -> None:
-    """A worker's name goes into every row it writes: refuse one the database cannot store."""
-    trouble = text.problem(name)
-    if trouble is None and len(name) > MAX_NAME_LENGTH:
-        trouble = f"is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
-    if trouble is not None:
-        raise ValueError(f"Worker(name=...) {trouble}: {name[:40]!r}")
 
 
 class Worker:
@@ -139,7 +122,7 @@ class Worker:
             "batch_size", batch_size or venturi_settings.BATCH_SIZE, largest=MAX_BATCH_SIZE
         )
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        _check_name(self.name)
+        options.check_name(self.name)
         self.heartbeat_interval = self._heartbeat_interval()
         tasks_kind_prefix = runner.claimable_prefix()
         self.kinds = orphan_kinds.runnable_kinds(tasks_kind_prefix)
@@ -221,6 +204,8 @@ class Worker:
             progress=self.progress,
         )
         self._services: list[Service] = [self.results, self.heartbeat]
+        self._database_answered = False
+        """The database answered before anything started (`first_contact`)."""
         self._listener: Listener | None = None
         self._failure: str | None = None
         self.exit_if_wedged: Callable[[], None] | None = None
@@ -262,6 +247,9 @@ class Worker:
             ),
             extra={"worker": self.name, "kinds": self.kinds},
         )
+        if not self.wait_for_database():
+            logger.info("worker %s stopped before it started", self.name)
+            return
         # A configuration error stops the worker here, before it registers: a worker
         # that never ran must not be listed as live.
         telemetry.install(database=self.database)
@@ -270,6 +258,8 @@ class Worker:
         self.health.guarded(
             self.orphan_watch.look_at_start, what="looking for jobs no worker can run"
         )
+        queues = ",".join(self.queues) if self.queues else "*"
+        systemd.ready(status=f"working: queues={queues} concurrency={self.concurrency}")
         try:
             Sweeper.start_if_configured(alias=self.database, stop=self._stop)
             self.claimer.loop()
@@ -277,6 +267,14 @@ class Worker:
             self._shut_down()
         if self._failure is not None:
             raise WorkerFailed(self._failure)
+
+    def wait_for_database(self) -> bool:
+        """Wait until the database answers (`first_contact`); False if stopped first."""
+        if not self._database_answered:
+            self._database_answered = first_contact.wait_for_database(
+                self.database, worker=self.name, burst=self.burst, stop=self._stop
+            )
+        return self._database_answered
 
     def stop(self, *, force: bool = False) -> None:
         """Ask the worker to stop: finish running jobs, then release what is left.
@@ -291,47 +289,9 @@ class Worker:
         self._wake.set()
 
     def install_signal_handlers(self) -> Callable[[], None]:
-        """Make SIGTERM and SIGINT call `stop()`; return a function restoring the old handlers.
-
-        A Python signal handler runs in the main thread between two of its
-        bytecodes, possibly while that thread holds a lock: the claim loop, which
-        runs there, clears and waits on the worker's events, and each of them
-        takes its condition's lock. A handler that set an event there would wait
-        for itself forever (a worker that said "stopping" and never stopped). So
-        the handler only puts the signal on a `SimpleQueue`, whose `put` is safe to
-        re-enter, and a thread of its own logs it and stops the worker.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        received: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            received.put(signum)
-
-        def relay() -> None:
-            while (signum := received.get()) is not None:
-                logger.info(
-                    "worker %s got %s: %s",
-                    self.name,
-                    signal.Signals(signum).name,
-                    "forcing" if self._stop.is_set() else "stopping",
-                    extra={"worker": self.name},
-                )
-                self.stop()
-
-        relay_thread = threading.Thread(target=relay, name="venturi-signals", daemon=True)
-        relay_thread.start()
-        previous = {
-            signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)
-        }
-
-        def restore() -> None:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            received.put(None)
-            relay_thread.join()
-
-        return restore
+        """Make SIGTERM and SIGINT call `stop()`; return a function restoring the old
+        handlers (see `stop_signals.py` for why a signal only queues a request)."""
+        return stop_signals.install(name=self.name, stop=self.stop, stopping=self._stop.is_set)
 
     # ------------------------------------------------------------ services
 
@@ -344,13 +304,7 @@ class Worker:
             executing=self.runs.executing, abandon=self.handlers.abandon, stopped=self._force
         )
         self._watchdog.start()
-        # LISTEN_DATABASE belongs to VENTURI["DATABASE"]; a worker given another
-        # alias listens on that alias itself.
-        listen_alias = (
-            venturi_settings.LISTEN_DATABASE
-            if self.database == venturi_settings.DATABASE
-            else self.database
-        )
+        listen_alias = listener_alias(self.database)
         if connections[listen_alias].vendor == "postgresql":
             self._listener = Listener(
                 alias=listen_alias,
@@ -359,6 +313,11 @@ class Worker:
                     cancel_channel(): self._on_cancel_notify,
                     pause_channel(): self._on_pause_notify,
                 },
+                session=(
+                    None
+                    if self.wake_order is None
+                    else ListenerLocks(self.wake_order, wake=self._wake_claimer)
+                ),
             )
             self._listener.start()
 
@@ -453,6 +412,7 @@ class Worker:
 
     def _shut_down(self) -> None:
         self._stop.set()
+        systemd.stopping()
         self.claimer.hand_on_calls()  # this worker claims no more: the next ones may
         self.handlers.release(self.runs.take_queued(), reason="")
         deadline = time.monotonic() + self.shutdown_timeout

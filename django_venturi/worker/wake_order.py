@@ -16,6 +16,16 @@ HAND_ON_INTERVAL for the same call, so that a busy group does not answer each
 enqueue with a chain of notifications. Workers of other groups answer for
 themselves: each group has its own first two.
 
+A worker killed without a word (`kill -9`, a lost node) keeps a registry row that
+looks live for `registration.stale_after()` (30 s by default): as the first of its
+group it would be called, and would answer nothing, all that time. So the group
+counts only workers whose listener is connected, as PostgreSQL sees it: each
+listener holds a lock named after its worker (`store/listener_locks.py`), and
+`ListenerLocks` looks at who holds one when the listener connects, when the
+registry lists other workers than at the last look, and when a call passes this
+worker by (at most once per LOOK_INTERVAL): a call that passed it by and calls it
+once the dead are left out is answered then, one round trip late.
+
 Nothing here is needed for a job to run: every worker still claims at each
 poll (`POLL_INTERVAL`), whether it was called or not. A worker not (yet) in its own
 view of the registry answers every notification, as do notifications without a
@@ -27,10 +37,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from django_venturi.store import listener_locks
 from django_venturi.store.registration import Peer
+
+if TYPE_CHECKING:
+    import psycopg
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -38,6 +53,12 @@ RESPONDERS = 2
 """How many workers of a group each notification (or each hand-on) calls."""
 HAND_ON_INTERVAL = 0.05
 """A worker hands the same call on at most once per this many seconds."""
+LOOK_INTERVAL = 1.0
+"""A call passing a worker by makes it look at whose listeners are connected at most
+once per this many seconds."""
+PASSED_MEMORY = 1.0
+"""How long a call that passed a worker by may still be answered by it, should a look
+show that the workers it called are gone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +100,67 @@ class WakeOrder:
         """Calls to hand on again, and when (the claim loop's own)."""
         self._handed_at: dict[Call, float] = {}
         """When each call was last handed on (the claim loop's own)."""
+        self._view_lock = threading.Lock()
+        self._alike: list[str] = []
+        """The registry's live workers alike to this one, by name (under `_view_lock`)."""
+        self._listening: frozenset[int] | None = None
+        """The listener-lock keys held at the last look; None: not known (under `_view_lock`)."""
+        self._looked_at = float("-inf")
+        """When the listener last looked (`time.monotonic()`; the listener's own)."""
+        self._look_wanted = True
+        """The registry lists workers the last look did not know of."""
+        self._passed: dict[Call, float] = {}
+        """Calls that passed this worker by, and when (the listener's own)."""
 
     def see(self, peers: Iterable[Peer]) -> None:
         """Take the registry's live workers as the group's members."""
-        group = sorted(
+        alike = sorted(
             peer.name for peer in peers if _profile(peer.queues, peer.kinds) == self._profile
         )
+        with self._view_lock:
+            if self._listening is None or any(
+                listener_locks.key(name) not in self._listening for name in alike
+            ):
+                self._look_wanted = True
+            self._alike = alike
+            self._arrange()
+
+    def hear(self, listening: frozenset[int] | None) -> bool:
+        """Take the workers whose listeners hold their lock (None: not known) as the only
+        ones that can answer; True if a call that passed this worker by calls it now
+        (it is noted: wake the claim loop)."""
+        now = time.monotonic()
+        with self._view_lock:
+            self._listening = listening
+            self._looked_at = now
+            self._look_wanted = False
+            self._arrange()
+        called = [
+            call
+            for call, at in self._passed.items()
+            if now - at <= PASSED_MEMORY and self._calls_this_worker(call)
+        ]
+        self._passed.clear()
+        if called:
+            with self._lock:
+                self._calls.update(called)
+        return bool(called)
+
+    def look_due(self) -> bool:
+        """Whether the listener should look at whose listeners are connected now."""
+        if self._look_wanted:
+            return True
+        return bool(self._passed) and time.monotonic() - self._looked_at >= LOOK_INTERVAL
+
+    def _arrange(self) -> None:
+        """This worker's place among the workers alike that can hear (under `_view_lock`).
+
+        The listener locks count only when this worker's own is seen: otherwise its
+        listener is away, or looks at another database than its peers' locks."""
+        group = self._alike
+        listening = self._listening
+        if listening is not None and listener_locks.key(self.worker) in listening:
+            group = [name for name in group if listener_locks.key(name) in listening]
         place = (group.index(self.worker), len(group)) if self.worker in group else None
         if place != self._place:
             logger.debug(
@@ -101,15 +177,19 @@ class WakeOrder:
         call = Call.parse(payload)
         if self._serves is not None and call.queue not in self._serves:
             return False
-        place = self._place
-        if place is None:
-            return True
-        rank, _ = place
-        if not call.hop <= rank < call.hop + RESPONDERS:
+        if not self._calls_this_worker(call):
+            self._passed[call] = time.monotonic()
             return False
         with self._lock:
             self._calls.add(call)
         return True
+
+    def _calls_this_worker(self, call: Call) -> bool:
+        place = self._place
+        if place is None:
+            return True
+        rank, _ = place
+        return call.hop <= rank < call.hop + RESPONDERS
 
     def take(self) -> list[Call]:
         """The calls to answer now: those that came, and those deferred until now."""
@@ -142,6 +222,34 @@ class WakeOrder:
     def next_deferred(self) -> float | None:
         """When the first deferred call is due (`time.monotonic()`), or None."""
         return min(self._deferred.values(), default=None)
+
+
+class ListenerLocks:
+    """The listener's side of the wake order: it holds this worker's listener lock and
+    looks at who holds theirs (a `listener.Session`, run in the listener's thread on
+    its connection)."""
+
+    def __init__(self, order: WakeOrder, *, wake: Callable[[], None]) -> None:
+        self.order = order
+        self._wake = wake
+
+    def opened(self, connection: psycopg.Connection[Any]) -> None:
+        if not listener_locks.take(connection, self.order.worker):
+            logger.debug("worker %s shares its listener lock", self.order.worker)
+        self._look(connection)
+
+    def between(self, connection: psycopg.Connection[Any]) -> bool:
+        if not self.order.look_due():
+            return False
+        self._look(connection)
+        return True
+
+    def closed(self) -> None:
+        self.order.hear(None)
+
+    def _look(self, connection: psycopg.Connection[Any]) -> None:
+        if self.order.hear(listener_locks.holders(connection)):
+            self._wake()
 
 
 def _profile(

@@ -27,6 +27,7 @@ from django_venturi.conf import (
 from django_venturi.management import flags
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
+from django_venturi.worker.first_contact import DatabaseUnreachable
 from django_venturi.worker.log import stderr_handler
 from django_venturi.worker.log_queue import LogQueue
 from django_venturi.worker.process import Worker, WorkerFailed
@@ -110,8 +111,10 @@ class Command(BaseCommand):
         self._configure_logging(options["verbosity"])
         self._refuse_unknown_kinds(options["kind_concurrency"] or {})
         self._warn_of_unused_queues(options["queues"] or [])
-        self._refuse_an_old_schema(options["database"] or venturi_settings.DATABASE)
-        self._refuse_sqlite_without_immediate(options["database"] or venturi_settings.DATABASE)
+        alias = options["database"] or venturi_settings.DATABASE
+        if alias not in connections:
+            raise CommandError(f"--database: {alias!r} is not an alias in DATABASES")
+        self._refuse_sqlite_without_immediate(alias)
         worker = Worker(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -137,7 +140,13 @@ class Command(BaseCommand):
             # `call_command`, whose process may go on to other things.
             gc.freeze()
         try:
+            # The database first (a burst worker stops if it does not answer), then
+            # its schema, then the worker's threads.
+            if worker.wait_for_database():
+                self._refuse_an_old_schema(alias)
             worker.run()
+        except DatabaseUnreachable as error:
+            raise CommandError(str(error)) from None
         except WorkerFailed as error:
             if log is not None and not log.uninstall():
                 exit_now(1)  # its output takes no more: saying why would block for ever
@@ -197,8 +206,6 @@ class Command(BaseCommand):
 
     def _refuse_an_old_schema(self, alias: str) -> None:
         """Exit with the check's message when venturi's migrations are behind on `alias`."""
-        if alias not in connections:
-            raise CommandError(f"--database: {alias!r} is not an alias in DATABASES")
         for message in migration_errors(alias):
             if message.is_serious():
                 raise CommandError(f"{message.msg}\nHINT: {message.hint} ({message.id})")
