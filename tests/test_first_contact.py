@@ -79,13 +79,22 @@ def next_message(receiver: socket.socket) -> str:
     return receiver.recv(4096).decode()
 
 
+def next_message_but_watchdog(receiver: socket.socket) -> str:
+    """The next message that is not a watchdog ping (sent every heartbeat meanwhile)."""
+    while (message := next_message(receiver)) == "WATCHDOG=1":
+        pass
+    return message
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_is_ready_only_once_its_database_answers(
     tmp_path: Path, notify_socket: socket.socket
 ) -> None:
     port = free_port()
     name = connections["default"].settings_dict["NAME"]
-    env = cluster_workers.environment(f"postgres://postgres@127.0.0.1:{port}/{name}")
+    env = cluster_workers.environment(
+        f"postgres://postgres@127.0.0.1:{port}/{name}", HEARTBEAT_INTERVAL=0.5
+    )
     env["NOTIFY_SOCKET"] = str(tmp_path / "notify")
     log = tmp_path / "worker.log"
     with open(log, "wb") as output:
@@ -109,8 +118,10 @@ def test_a_worker_is_ready_only_once_its_database_answers(
         ready = next_message(notify_socket)
         assert ready.startswith("READY=1\nSTATUS=working:"), ready
         assert WorkerProcess.objects.filter(stopped_at__isnull=True).count() == 1
+        # The heartbeat keeps systemd's watchdog fed (WatchdogSec=) while nothing stalls.
+        assert next_message(notify_socket) == "WATCHDOG=1"
         worker.send_signal(signal.SIGTERM)
-        assert next_message(notify_socket) == "STOPPING=1"
+        assert next_message_but_watchdog(notify_socket) == "STOPPING=1"
         assert worker.wait(timeout=30) == 0
     finally:
         if worker.poll() is None:

@@ -63,11 +63,16 @@ class Heartbeat(Service):
         progress: Progress | None = None,
         stall_timeout: float | None = None,
         on_stall: Callable[[Stall], None] = lambda stall: None,
+        on_alive: Callable[[], object] = lambda: None,
     ) -> None:
         super().__init__()
         self.progress = progress or Progress()
         self.stall_timeout = stall_timeout
         self._on_stall = on_stall
+        self._on_alive = on_alive
+        """Called at each turn while no part of the worker stalled, whether the database
+        answers or not (systemd's watchdog: a frozen or stalled worker is restarted, one
+        waiting out a database outage is not)."""
         self.stalled: Stall | None = None
         """The stall that ended this worker's beats, once one did."""
         self.alias = alias
@@ -93,6 +98,7 @@ class Heartbeat(Service):
             if self._has_stalled():
                 wait = self.interval
                 continue
+            self._on_alive()
             busy = self.health.guarded(self.beat, what="the heartbeat", streak=self._streak)
             if busy is None:
                 wait = min(self.interval, self.health.delay(self._streak.count))

@@ -171,6 +171,7 @@ class Worker:
             progress=self.progress,
             stall_timeout=_seconds(venturi_settings.STALL_TIMEOUT),
             on_stall=self._stalled,
+            on_alive=systemd.watchdog,
         )
         listening = connections[self.database].vendor == "postgresql"
         self.wake_order = (

@@ -5,8 +5,10 @@ Under a unit with `Type=notify`, systemd passes the path of a datagram socket in
 sends `READY=1` once its database answered and its services run (until then
 `systemctl start` waits and the unit shows "activating"), `STATUS=` lines saying
 what it does or waits for (shown by `systemctl status`), and `STOPPING=1` when it
-begins to shut down. `watchdog()` (`WATCHDOG=1`) is for a liveness loop to call under
-`WatchdogSec=`; the worker does not call it yet.
+begins to shut down. The heartbeat thread sends `WATCHDOG=1` at each of its turns
+while no part of the worker stalled (`watchdog()`): under `WatchdogSec=`, systemd
+restarts a worker that is frozen (SIGSTOP, a paused VM) or stalled past
+`STALL_TIMEOUT`, never one that waits out a database outage.
 
 Outside systemd (no `$NOTIFY_SOCKET`) every function does nothing. A socket that
 cannot be reached is logged at debug level: it never stops a worker.
