@@ -28,6 +28,7 @@ from django.db import connections
 import django_venturi as venturi
 from django_venturi.models import Job, JournalEntry
 from django_venturi.store.connections import connection_params
+from django_venturi.worker import supervision
 from django_venturi.worker.process import Worker
 from tests.conftest import Workers, wait_until
 from tests.testapp import tasks
@@ -351,3 +352,23 @@ def test_async_handlers_get_a_working_connection_after_the_database_came_back(
     runs = JournalEntry.objects.using(ALIAS).filter(job_id=second.pk).order_by("id")
     assert [(e.attempt, e.outcome, e.error_message) for e in runs][:1] == [(1, "completed", "")]
     assert worker.poll() is None
+
+
+def test_a_worker_without_its_database_says_so_again_while_it_lasts(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once when the database goes, then every STILL_LOST_EVERY seconds (30 s), not at
+    every failed try: an operator reading the log of a long outage sees it is still on."""
+    monkeypatch.setattr(supervision, "STILL_LOST_EVERY", 0.2)
+    health = supervision.DatabaseHealth(worker="w", alias="default")
+    outage = psycopg.OperationalError("connection refused")
+    with caplog.at_level(logging.ERROR, logger="django_venturi.worker"):
+        health.lost(outage)
+        health.lost(outage)  # a try soon after: nothing new to say
+        time.sleep(0.25)  # past the (shortened) repeat interval
+        health.lost(outage)
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages
+    assert "lost the database" in messages[0]
+    assert "still without the database after 0 s" in messages[1], messages
+    assert health.is_down

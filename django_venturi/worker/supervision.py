@@ -30,6 +30,7 @@ from django_venturi.store.connections import (
     reachable,
     refuses_writes,
 )
+from django_venturi.worker import systemd
 
 logger = logging.getLogger("django_venturi.worker")
 
@@ -37,6 +38,8 @@ T = TypeVar("T")
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 """Waits between tries while the database is away, growing with the outage."""
+STILL_LOST_EVERY = 30.0
+"""While the database is away, the worker says so again this often."""
 ERROR_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Waits between tries of a step that keeps failing with the database up."""
 
@@ -56,6 +59,8 @@ class DatabaseHealth:
         self.alias = alias
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._said_at = 0.0
+        """When the worker last said it is without the database."""
         self.on_database_error: Callable[[], None] = lambda: None
         """Called at every error that may have broken a connection (any thread's)."""
 
@@ -125,16 +130,32 @@ class DatabaseHealth:
         return reachable(self.alias)
 
     def lost(self, error: Exception) -> None:
+        """The database is away (or takes no writes): say so at once, and again every
+        STILL_LOST_EVERY seconds while it lasts; systemd's status says so too."""
         db.close_old_connections()
         close_broken_connections()
+        now = time.monotonic()
         with self._lock:
             first = self._down_since is None
             if first:
-                self._down_since = time.monotonic()
+                self._down_since = self._said_at = now
+            down_for = now - (self._down_since or now)
+            again = not first and now - self._said_at >= STILL_LOST_EVERY
+            if again:
+                self._said_at = now
         if first:
             logger.error(
                 "worker %s lost the database (%s); retrying until it is back",
                 self.worker,
+                error,
+                extra={"worker": self.worker},
+            )
+            systemd.status(f"lost the database: {error}")
+        elif again:
+            logger.error(
+                "worker %s still without the database after %.0f s (%s); retrying",
+                self.worker,
+                down_for,
                 error,
                 extra={"worker": self.worker},
             )
@@ -154,6 +175,7 @@ class DatabaseHealth:
         with self._lock:
             since, self._down_since = self._down_since, None
         if since is not None:
+            systemd.status("working")
             logger.warning(
                 "worker %s reconnected after %.1f s",
                 self.worker,
