@@ -128,8 +128,15 @@ class Claimer:
 
     def _release_unanswered(self) -> None:
         """Hand back the jobs of claims whose answer the connection lost, if it ran."""
-        leases.release_unanswered(self.alias, self.worker, self._unanswered_claims)
+        released = leases.release_unanswered(self.alias, self.worker, self._unanswered_claims)
         self._unanswered_claims = []
+        if released:
+            logger.warning(
+                "worker %s handed back %d jobs of a claim whose answer the connection lost",
+                self.worker,
+                len(released),
+                extra={"worker": self.worker},
+            )
 
     def loop(self) -> None:
         next_rescue = 0.0

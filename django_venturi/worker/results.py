@@ -212,6 +212,14 @@ class ResultsWriter(Service):
             else:
                 left.append(verdict.if_unapplied or verdict)
         self._unanswered.difference_update(verdict.job.run_key for verdict in settled)
+        if settled:
+            logger.warning(
+                "worker %s: %d verdicts were written before the connection broke (their "
+                "answer was lost); found in the journal, not written again",
+                self.events.worker,
+                len(settled),
+                extra={"worker": self.events.worker},
+            )
         self._written(settled, {(verdict.job.id, verdict.job.attempt) for verdict in settled})
         self._pending = left
         return left
