@@ -86,6 +86,12 @@ if PGBOUNCER_PORT:
     DATABASES["direct"] = dict(DATABASES["default"])
     DATABASES["default"] = {**DATABASES["default"], "HOST": "127.0.0.1", "PORT": PGBOUNCER_PORT}
 
+# Worker subprocesses of tests/test_frozen_claimer.py may reach `default` through a TCP
+# proxy of the test's, which keeps a dead worker's server connections open (a lost host).
+PROXY_PORT = os.environ.get("VENTURI_TEST_PROXY_PORT")
+if PROXY_PORT:
+    DATABASES["default"] = {**DATABASES["default"], "HOST": "127.0.0.1", "PORT": PROXY_PORT}
+
 # The documentation's examples (docs/examples/) run in tests/test_docs_examples.py, so
 # worker subprocesses must know their tasks; their kinds all start with "docs.".
 # Not docs.examples.periodic: its schedules would make every worker of the suite enqueue

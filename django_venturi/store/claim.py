@@ -1,11 +1,41 @@
 """The claim: take due ready jobs, mark them running under a fresh lease.
 
-On PostgreSQL this is one statement (one round trip, atomic, no retry loop);
-when a claimable kind has a global concurrency cap, the statement runs in a
-short transaction behind one advisory lock, so that concurrent claims count
-each other's running jobs. On SQLite the same selection runs inside an
-IMMEDIATE transaction, which holds the database's write lock from its first
-statement, so claims serialise.
+On PostgreSQL this is one statement (one round trip, atomic, no retry loop).
+When a claimable kind has a global concurrency cap or a rate limit, the
+statement counts running jobs and recorded starts, and two claims must not
+count at once: such a claim runs in a short transaction that first takes the
+caps lock (`CAPS_LOCK_KEY`, a transaction-level advisory lock), so that its
+statement, whose snapshot is taken after the lock, sees every earlier claim's
+jobs. On SQLite the same selection runs inside an IMMEDIATE transaction, which
+holds the database's write lock from its first statement, so claims serialise.
+
+No worker can hold the caps lock up for the others (issue 32). The lock is
+tried, never waited for (`pg_try_advisory_xact_lock`): a claim that finds it
+taken claims every other kind at once and leaves the capped and rate-limited
+ones to a try a few milliseconds later (`Claimed.counted_later`), so unlimited
+kinds never wait behind capped ones. And the transaction that holds it tells
+the server to end it if its worker stops answering (`CAPS_LOCK_HOLD`, set for
+that transaction only): `idle_in_transaction_session_timeout` while the server
+waits for the worker's next statement or COMMIT (a worker frozen by SIGSTOP, a
+paused VM, a long GC pause, or a host gone without a word), `tcp_user_timeout`
+while the server is stuck sending it the claimed rows (its socket buffers
+full), and `lock_timeout` should the statement ever wait on a row another
+session holds. The server ends that session, the claim rolls back (no job is
+left running without a worker that knows it), and the worker, when it runs
+again, finds its connection gone and reconnects as after any lost connection.
+
+Measured with two workers draining no-op jobs beside a registered rate-limited
+kind, one frozen for 2.5 s ten times at random moments (the issue's repro): with
+the lock waited for and no bound, 3 freezes in 10 stopped the other worker for
+the whole freeze; waited for under these bounds and a `lock_timeout`, it still
+stopped for up to 1.9 s (every claim of every kind waits for the lock, and a
+wait that runs out aborts the whole claim, unlimited kinds with it); tried, as
+here, it never stopped (0.06 s at most, the sampling step), at the same drain
+rate. Locking per-kind limit rows with SKIP LOCKED was not taken: the rows must
+be locked before the counting statement takes its snapshot, or the counts miss
+the last claim's commit, so it needs the same separate statement, the same
+bound and a new table, and gains nothing here, where each worker claims every
+registered kind and so would lock every row.
 
 This module holds the entry points: `claim` and the order it returns the jobs
 in, the caps lock, the claim's session settings (`prime_claim_session`) and what
@@ -19,10 +49,10 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
+from django import db
 from django.db import connections, transaction
 
 from django_venturi.payloads import stored
@@ -30,17 +60,22 @@ from django_venturi.store import statements
 from django_venturi.store.claim_orm import claim_orm, upcoming_orm
 from django_venturi.store.claim_statement import next_due_statement, postgresql_statement
 from django_venturi.store.claim_types import (
+    Claimed,
     ClaimedJob,
     ClaimRequest,
     KindLimit,
     RunKey,
     Upcoming,
 )
+from django_venturi.store.connections import DATABASE_ERRORS
 from django_venturi.store.scheduling import TierClock
 
 __all__ = [
+    "CAPS_LOCK_HOLD",
     "CAPS_LOCK_KEY",
     "ClaimRequest",
+    "ClaimSessionEnded",
+    "Claimed",
     "ClaimedJob",
     "KindLimit",
     "RunKey",
@@ -55,24 +90,44 @@ __all__ = [
 CAPS_LOCK_KEY = 0x76656E7475726901
 """The advisory lock that serialises claims of capped and rate-limited kinds (per database)."""
 
+CAPS_LOCK_HOLD = timedelta(seconds=2)
+"""The longest the server lets a claim that holds the caps lock wait on its worker
+(for its next statement or COMMIT, or to take the rows sent to it) before it ends
+the worker's session, which rolls the claim back and frees the lock. So a frozen
+or dead worker holds up other workers' claims of capped and rate-limited kinds
+for at most this long (and never their claims of other kinds). A live worker
+answers within milliseconds: the transaction holds no wait of its own."""
+
+_TRY_CAPS_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
+
+_TAKE_CAPS_LOCK = """
+SELECT pg_try_advisory_xact_lock(%(key)s),
+       set_config('idle_in_transaction_session_timeout', %(hold)s, true),
+       set_config('lock_timeout', %(hold)s, true),
+       -- TCP_USER_TIMEOUT is Linux's; elsewhere the setting stays as it is.
+       set_config('tcp_user_timeout',
+                  CASE WHEN version() ILIKE '%%linux%%' THEN %(hold)s
+                       ELSE current_setting('tcp_user_timeout') END, true)
+"""
+
 
 def claim(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID | None = None
-) -> list[ClaimedJob]:
+) -> Claimed:
     """Claim up to `request.limit` due jobs, weighted across priority tiers, under a
     fresh claim token (or `token`: a caller that must be able to hand back a claim
     whose answer it never got chooses it, see `leases.release_unanswered`)."""
     request = _without_full_kinds(request)
     if request.limit < 1 or not request.claims_some_kind():
-        return []
+        return Claimed()
     token = token or uuid.uuid4()
     if connections[alias].vendor == "postgresql":
         jobs = _claim_postgresql(alias, request, clock, token)
     else:
-        jobs = claim_orm(alias, request, clock, token)
-    jobs = _in_turn_order(jobs, clock)
-    clock.record((job.priority for job in jobs), limit=request.limit)
-    return jobs
+        jobs = Claimed(claim_orm(alias, request, clock, token))
+    ordered = Claimed(_in_turn_order(jobs, clock), counted_later=jobs.counted_later)
+    clock.record((job.priority for job in ordered), limit=request.limit)
+    return ordered
 
 
 def _in_turn_order(jobs: list[ClaimedJob], clock: TierClock) -> list[ClaimedJob]:
@@ -117,18 +172,62 @@ def _without_full_kinds(request: ClaimRequest) -> ClaimRequest:
 
 def _claim_postgresql(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
+) -> Claimed:
+    if not request.serialised:
+        return Claimed(_claim_statement(alias, request, clock, token))
+    # The SETs of the session would not outlast the transaction: made before it.
+    statements.prime_session(alias, claim_session(request))
+    # Inside a caller's transaction (a test's), the lock lasts as long as it does,
+    # and the bounds would reach its later statements: left to the caller.
+    bounded = not connections[alias].in_atomic_block
+    began = time.monotonic()
+    try:
+        with transaction.atomic(using=alias):
+            if _take_caps_lock(alias, bounded=bounded):
+                return Claimed(_claim_statement(alias, request, clock, token))
+    except DATABASE_ERRORS as error:
+        lasted = time.monotonic() - began
+        if lasted > CAPS_LOCK_HOLD.total_seconds():
+            raise ClaimSessionEnded(
+                f"the claim's transaction lasted {lasted:.1f} s, past CAPS_LOCK_HOLD "
+                f"({CAPS_LOCK_HOLD.total_seconds():g} s): most likely this worker was frozen "
+                "or starved while it held the caps lock, and the server ended its session, "
+                f"which rolled the claim back ({error})"
+            ) from error
+        raise
+    # Another claim is counting (or its worker stopped answering, until the server
+    # ends its session): claim the kinds that need no count now, the others shortly.
+    others = request.uncounted()
+    if not others.claims_some_kind():
+        return Claimed(counted_later=True)
+    return Claimed(_claim_statement(alias, others, clock, token), counted_later=True)
+
+
+class ClaimSessionEnded(db.OperationalError):
+    """The server ended the session of a claim that held the caps lock: its worker did
+    not answer within `CAPS_LOCK_HOLD`. Nothing was claimed; the worker reconnects."""
+
+
+def _take_caps_lock(alias: str, *, bounded: bool) -> bool:
+    """Take the caps lock for the current transaction if it is free; `bounded`: and bound
+    how long the server waits on this worker while the transaction holds it."""
+    if not bounded:
+        rows = statements.fetch(alias, _TRY_CAPS_LOCK, {"key": CAPS_LOCK_KEY})
+        return bool(rows[0][0])
+    hold = str(int(CAPS_LOCK_HOLD.total_seconds() * 1000))
+    rows = statements.fetch(alias, _TAKE_CAPS_LOCK, {"key": CAPS_LOCK_KEY, "hold": hold})
+    return bool(rows[0][0])
+
+
+def _claim_statement(
+    alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> list[ClaimedJob]:
+    """Run the claim statement (in the caller's transaction, if any)."""
     sql, params = postgresql_statement(alias, request, clock, token)
-    serialised = request.serialised
-    if serialised:  # the SETs of the session would not outlast the transaction
-        statements.prime_session(alias, claim_session(request))
-    with transaction.atomic(using=alias) if serialised else nullcontext():
-        if serialised:
-            statements.fetch(alias, "SELECT pg_advisory_xact_lock(%s)", [CAPS_LOCK_KEY])
-        # The claiming connection is the worker's own: no JIT for its statements.
-        sent = time.monotonic()
-        rows = statements.fetch(alias, sql, params, session=claim_session(request))
-    jobs = [
+    # The claiming connection is the worker's own: no JIT for its statements.
+    sent = time.monotonic()
+    rows = statements.fetch(alias, sql, params, session=claim_session(request))
+    return [
         ClaimedJob(
             id=row[0],
             kind=row[1],
@@ -147,8 +246,7 @@ def _claim_postgresql(
             keyed=row[12],
         )
         for row in rows
-    ]
-    return jobs  # `claim` puts them in turn order
+    ]  # `claim` puts them in turn order
 
 
 def prime_claim_session(alias: str, request: ClaimRequest) -> None:

@@ -1,6 +1,6 @@
 """The claim's request and its results: what one claim may take (`ClaimRequest`,
-`KindLimit`), the jobs it took (`ClaimedJob`, each run's `RunKey`) and what an idle
-claimer waits for (`Upcoming`).
+`KindLimit`), the jobs it took (`Claimed`, of `ClaimedJob`s, each run's `RunKey`) and
+what an idle claimer waits for (`Upcoming`).
 
 The lowest of the claim's modules: `claim.py` (the entry points, which re-export
 these names), `claim_statement.py` (the PostgreSQL statements) and `claim_orm.py`
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -102,6 +102,21 @@ class ClaimedJob:
         )
 
 
+class Claimed(list[ClaimedJob]):
+    """The jobs one claim took, in the order to run them.
+
+    `counted_later`: the claim left the capped and rate-limited kinds for later,
+    because another claim was counting them (it held the caps lock, see
+    `claim.py`); the claimer tries them again shortly. A plain list otherwise.
+    """
+
+    __slots__ = ("counted_later",)
+
+    def __init__(self, jobs: Iterable[ClaimedJob] = (), *, counted_later: bool = False) -> None:
+        super().__init__(jobs)
+        self.counted_later = counted_later
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KindLimit:
     """How many more jobs of one kind a claim may take."""
@@ -159,6 +174,24 @@ class ClaimRequest:
     def serialised(self) -> bool:
         """Whether the claim must hold the caps lock: it counts running jobs or starts."""
         return bool(self.rates) or any(limit.global_cap is not None for limit in self.limits)
+
+    def uncounted(self) -> ClaimRequest:
+        """This request without the kinds whose claim must hold the caps lock (globally
+        capped and rate-limited ones): what a claim may take while another holds it."""
+        counted = {rule.kind for rule in self.rates}
+        counted |= {limit.kind for limit in self.limits if limit.global_cap is not None}
+        kept = [
+            (kind, lease)
+            for kind, lease in zip(self.kinds, self.leases, strict=True)
+            if kind not in counted
+        ]
+        return dataclasses.replace(
+            self,
+            kinds=[kind for kind, _ in kept],
+            leases=[lease for _, lease in kept],
+            limits=[limit for limit in self.limits if limit.kind not in counted],
+            rates=(),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ worker finds nothing more to do, or when the supervisor saw a service die.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from django_venturi.registry import registry
 from django_venturi.states import State
 from django_venturi.store import dependencies, leases
 from django_venturi.store.claim import (
+    Claimed,
     ClaimedJob,
     ClaimRequest,
     KindLimit,
@@ -57,6 +59,11 @@ buffered jobs wait no more than about this many seconds for a handler slot
 (judged by the recent mean handler duration). Fewer, larger claims per job."""
 UNWRITTEN_ALLOWANCE = 500
 """Verdicts waiting to be written beyond this many hold claims back."""
+COUNTED_LATER_WAITS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+"""How long to wait before claiming capped and rate-limited kinds again after a claim
+left them for later (another claim held the caps lock: see `store/claim.py`), by how
+many claims in a row did; each wait is drawn between half and all of it, so that
+workers that met at the lock do not meet there again."""
 
 
 class Claimer:
@@ -116,6 +123,8 @@ class Claimer:
         """Drained, and new jobs announce themselves (NOTIFY): finishing runs do not wake
         the loop, nor do writes of verdicts that make no job claimable (each such wake
         cost an empty claim)."""
+        self._counted_later = 0
+        """Claims in a row that left capped and rate-limited kinds for later."""
 
     def _guarded(self, action: Callable[[], T], what: str) -> T | None:
         """A step of the loop; after a failure, wait before the loop goes on."""
@@ -183,8 +192,12 @@ class Claimer:
             if request is None and self.runs.busy() <= self.handlers.wake_at_busy:
                 continue  # runs finished since the room was counted
             # Nothing due: sleep until the next poll or scheduled job. Otherwise all
-            # slots are busy, and a finishing job wakes the loop.
-            wait = self._idle_wait() if claimed == [] else self.poll_interval
+            # slots are busy, and a finishing job wakes the loop. Capped and rate-limited
+            # kinds left for later are claimed again shortly, whatever else is due.
+            if self._counted_later and claimed is not None:
+                wait = self._counted_later_wait()
+            else:
+                wait = self._idle_wait() if claimed == [] else self.poll_interval
             # Never sleep past the next recovery sweep, scheduler pass or pause look.
             next_chore = min(
                 next_rescue, next_periodic, self.pause_watch.next_look, self._next_hand_on()
@@ -247,10 +260,10 @@ class Claimer:
             verdict.state == State.READY or verdict.job.keyed for verdict in written
         )
 
-    def _claim(self, request: ClaimRequest) -> list[ClaimedJob] | None:
+    def _claim(self, request: ClaimRequest) -> Claimed | None:
         token = uuid.uuid4()
 
-        def claim_and_dispatch() -> list[ClaimedJob]:
+        def claim_and_dispatch() -> Claimed:
             try:
                 jobs = claim(self.alias, request, self._clock, token)
             except Exception as error:
@@ -262,7 +275,15 @@ class Claimer:
                 self.handlers.dispatch(self._make_execution(job, claimed))
             return jobs
 
-        return self._guarded(claim_and_dispatch, "claiming jobs")
+        jobs = self._guarded(claim_and_dispatch, "claiming jobs")
+        if jobs is not None:
+            self._counted_later = self._counted_later + 1 if jobs.counted_later else 0
+        return jobs
+
+    def _counted_later_wait(self) -> float:
+        """How long to wait before claiming the kinds the last claim left for later."""
+        wait = COUNTED_LATER_WAITS[min(self._counted_later, len(COUNTED_LATER_WAITS)) - 1]
+        return random.uniform(wait / 2, wait)  # noqa: S311 (spreads retries, no secret)
 
     def _request(self, free: int) -> ClaimRequest:
         kinds = registry.kinds()
@@ -345,6 +366,9 @@ class Claimer:
         to open and runs them (jobs of paused queues and kinds do not count)."""
         free = self._capacity() - self.runs.busy()
         claimed = self._claim(self._request(free))
+        if claimed is not None and claimed.counted_later:
+            self._stop.wait(self._counted_later_wait())  # capped kinds may still be due
+            return False
         if claimed is None or claimed or not self.runs.idle():
             return False
         waiting = self._guarded(
