@@ -11,6 +11,7 @@ import time
 import uuid
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.db import connections, transaction
 from django.utils import timezone
@@ -18,11 +19,12 @@ from django.utils import timezone
 import django_venturi as venturi
 from django_venturi.models import Job
 from django_venturi.states import LIVE_STATES
-from django_venturi.store import verdicts
+from django_venturi.store import dedup, verdicts
 from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.store.completion import write_verdicts
+from django_venturi.store.connections import connection_params
 from django_venturi.store.scheduling import TierClock
-from tests.conftest import ROOT, wait_until, worker_env
+from tests.conftest import ROOT, Workers, wait_until, worker_env
 from tests.testapp import dedup_tasks
 from tests.testapp.dedup_tasks import BadKey, Decides, Latest, Once, PausingRecompute, Recompute
 from tests.testapp.models import Record
@@ -684,3 +686,50 @@ def test_a_follow_up_waits_until_the_running_job_of_its_key_is_done(alias: str) 
     assert [job.id for job in claim_all(alias, "tests.recompute")] == [other_key.pk]
     assert write_verdicts(alias, "w", [verdicts.completed(first)]) == {first.id}
     assert [job.id for job in claim_all(alias, "tests.recompute")] == [follow_up.pk]
+
+
+def test_a_producer_holding_a_key_holds_back_only_that_keys_verdict(
+    workers: Workers,
+) -> None:
+    """A producer whose transaction enqueued a key and has not ended holds the key's lock.
+    A running job of that key going back to `ready` must fold under that lock, so its
+    verdict waits: the worker holds it back and writes every other verdict meanwhile,
+    instead of stalling its whole results writer behind someone else's transaction."""
+    keyed = PausingRecompute(account="held", steps=1).enqueue()
+    with psycopg.connect(**connection_params("default"), autocommit=True) as producer:
+        # What a producer's open transaction holds after a keyed enqueue: the key's lock.
+        name = dedup._lock_name(keyed.kind, "held")
+        producer.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [name])
+        workers.start("default")
+        wait_until(
+            lambda: (
+                Record.objects.filter(job_id=keyed.pk).exists()
+                or Job.objects.filter(pk=keyed.pk, state=venturi.State.RUNNING).exists()
+            ),
+            timeout=30,
+            message="the keyed job claimed",
+        )
+        others = venturi.enqueue_many([Noop(n=n) for n in range(50)])
+        wait_until(
+            lambda: (
+                Job.objects.filter(
+                    pk__in=[job.pk for job in others], state=venturi.State.COMPLETED
+                ).count()
+                == len(others)
+            ),
+            timeout=30,
+            message="the other jobs completed while the key was held",
+        )
+        # The scenario: its pause verdict is still held back (it would go back to ready).
+        keyed.refresh_from_db()
+        assert keyed.state == venturi.State.RUNNING, keyed.state
+        assert keyed.attempt == 1, keyed.attempt
+    # The producer's session ended: the key is free, the verdict is written, the job
+    # runs its last step and completes.
+    wait_until(
+        lambda: Job.objects.filter(pk=keyed.pk, state=venturi.State.COMPLETED).exists(),
+        timeout=30,
+        message="the keyed job completed once its key was free",
+    )
+    outcomes = list(keyed.journal.order_by("id").values_list("outcome", flat=True))
+    assert outcomes == ["paused", "completed"], outcomes

@@ -66,17 +66,23 @@ def write_verdicts(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[
     return {job_id for job_id, _ in write_runs(alias, worker, verdicts)}
 
 
-def write_runs(alias: str, worker: str, verdicts: Sequence[Verdict]) -> set[AppliedRun]:
+def write_runs(
+    alias: str, worker: str, verdicts: Sequence[Verdict], *, wait_for_keys: bool = True
+) -> set[AppliedRun]:
     """`write_verdicts`, telling runs apart: (job id, attempt) of each run applied, so
-    that a stale run's verdict beside the live run's of the same job is not counted."""
+    that a stale run's verdict beside the live run's of the same job is not counted.
+
+    Without `wait_for_keys`, raises `dedup.KeysBusy` (writing nothing) instead of
+    waiting for a dedup key another session holds (see `dedup.fold_returning`)."""
     done = {(v.job.id, v.job.attempt) for v in verdicts if v.written}
     if done:  # applied in an atomic handler's transaction: see `atomic.py`
-        return done | write_runs(alias, worker, [v for v in verdicts if not v.written])
+        rest = [v for v in verdicts if not v.written]
+        return done | write_runs(alias, worker, rest, wait_for_keys=wait_for_keys)
     if not verdicts:
         return set()
     repeats = repeated_runs(verdicts)
     if connections[alias].vendor == "postgresql":
-        return _write_postgresql(alias, worker, verdicts, repeats)
+        return _write_postgresql(alias, worker, verdicts, repeats, wait_for_keys)
     return _write_orm(alias, worker, verdicts, repeats)
 
 
@@ -92,11 +98,13 @@ def repeated_runs(verdicts: Sequence[Verdict]) -> list[bool]:
 
 
 def _folded(
-    alias: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+    alias: str, verdicts: Sequence[Verdict], repeats: Sequence[bool], *, wait_for_keys: bool
 ) -> tuple[list[Verdict], list[dedup.Fold]]:
     """The batch, in its order, after the dedup fold of the first verdict of each run."""
     written, folds = dedup.fold_returning(
-        alias, [v for v, repeat in zip(verdicts, repeats, strict=True) if not repeat]
+        alias,
+        [v for v, repeat in zip(verdicts, repeats, strict=True) if not repeat],
+        wait_for_keys=wait_for_keys,
     )
     firsts = iter(written)
     batch = [v if repeat else next(firsts) for v, repeat in zip(verdicts, repeats, strict=True)]
@@ -217,7 +225,11 @@ FROM journaled
 
 
 def _write_postgresql(
-    alias: str, worker: str, verdicts: Sequence[Verdict], repeats: Sequence[bool]
+    alias: str,
+    worker: str,
+    verdicts: Sequence[Verdict],
+    repeats: Sequence[bool],
+    wait_for_keys: bool = True,
 ) -> set[AppliedRun]:
     # Only a job going back to `ready` can need a dedup fold (more statements, one
     # transaction); otherwise the verdicts are one statement, atomic on its own,
@@ -231,7 +243,7 @@ def _write_postgresql(
     if in_transaction:  # the SETs of the session would not outlast the transaction
         statements.prime_session(alias, statements.WORKER_SESSION)
     with transaction.atomic(using=alias) if in_transaction else nullcontext():
-        batch, folds = _folded(alias, verdicts, repeats)
+        batch, folds = _folded(alias, verdicts, repeats, wait_for_keys=wait_for_keys)
         rows = _finish_postgresql(alias, worker, batch, repeats, resolving=resolving)
         dedup.finish_folds(alias, folds)
         discarded = JournalOutcome.DISCARDED
@@ -312,7 +324,8 @@ def _write_orm(
 ) -> set[AppliedRun]:
     applied: set[AppliedRun] = set()
     with transaction.atomic(using=alias):
-        batch, folds = _folded(alias, verdicts, repeats)
+        # SQLite's IMMEDIATE transactions serialise writers: no key lock to wait for.
+        batch, folds = _folded(alias, verdicts, repeats, wait_for_keys=True)
         now = timezone.now()
         entries = []
         existing = set(

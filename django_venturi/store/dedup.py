@@ -282,6 +282,31 @@ def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
         )
 
 
+class KeysBusy(Exception):
+    """Verdicts that need a dedup key another session holds (`fold_returning` asked not to
+    wait): the caller writes the others and tries these again later."""
+
+    def __init__(self, verdicts: Sequence[Verdict]) -> None:
+        super().__init__(f"{len(verdicts)} verdicts wait for a dedup key another session holds")
+        self.verdicts = list(verdicts)
+
+
+def busy_keys(alias: str, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Take the free ones of these keys' locks without waiting; return the others, which
+    another session holds (PostgreSQL; none elsewhere)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or not keys:
+        return set()
+    names = {_lock_name(kind, key): (kind, key) for kind, key in set(keys)}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT k FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n) "
+            "WHERE NOT pg_try_advisory_xact_lock(hashtextextended(k, 0)) ORDER BY n",
+            [sorted(names)],
+        )
+        return {names[row[0]] for row in cursor.fetchall()}
+
+
 def with_keys_locked_now(alias: str, jobs: Sequence[Job]) -> list[Job]:
     """The `jobs` whose key lock this transaction holds now, taking the free ones without waiting.
 
@@ -317,7 +342,9 @@ class Fold:
     absorbed: list[int]
 
 
-def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdict], list[Fold]]:
+def fold_returning(
+    alias: str, verdicts: Sequence[Verdict], *, wait_for_keys: bool = True
+) -> tuple[list[Verdict], list[Fold]]:
     """Make room for keyed jobs going back to `ready` (run inside the verdicts' transaction).
 
     A running job with a ready follow-up of the same key cannot go back to
@@ -336,7 +363,10 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     cancels it), so it absorbs nothing: its follow-up stays ready.
 
     Never waits for a key's lock while holding job rows: the keys are locked
-    first, as producers do.
+    first, as producers do. Without `wait_for_keys` it never waits at all: if
+    another session holds a key (a producer whose transaction enqueued that key and
+    has not ended), it raises `KeysBusy` with the verdicts of that key, so that a
+    worker's results writer never stalls behind someone else's open transaction.
 
     Returns the verdicts to write (absorbed returning jobs become `cancelled`)
     and the changes to apply to survivors after the verdicts are written.
@@ -357,7 +387,11 @@ def fold_returning(alias: str, verdicts: Sequence[Verdict]) -> tuple[list[Verdic
     if not keyed:
         return list(verdicts), []
     keys = sorted({(kind, key) for _, kind, key in keyed if key is not None})
-    lock_keys(alias, keys)
+    if wait_for_keys:
+        lock_keys(alias, keys)
+    elif busy := busy_keys(alias, keys):
+        waiting = {job_id for job_id, kind, key in keyed if (kind, key) in busy}
+        raise KeysBusy([v for (job_id, _), v in returning.items() if job_id in waiting])
     now = database_time(alias)
     # The jobs whose verdict will apply and that really go back to `ready`: still
     # running under the claim token, and not asked to cancel (the write cancels

@@ -39,6 +39,7 @@ from django_venturi.store import verdicts as verdicts_module
 from django_venturi.store.claim import RunKey
 from django_venturi.store.completion import AppliedRun, write_runs
 from django_venturi.store.connections import DATABASE_ERRORS, unavailable
+from django_venturi.store.dedup import KeysBusy
 from django_venturi.store.verdicts import ErrorInfo, Verdict
 from django_venturi.worker.liveness import RESULTS_WRITER, Progress
 from django_venturi.worker.log import batched_lines
@@ -52,6 +53,8 @@ BATCH = 500
 """Most verdicts per write."""
 CLOSING_POLL = 0.02
 """While closing: how often to look whether every held run's verdict has come."""
+KEY_WAIT_RETRY = 0.1
+"""Seconds before a verdict held back for a busy dedup key is tried again."""
 TRANSIENT_TRIES = 3
 """A batch failing this many times in a row with the database up is written one by one;
 a verdict failing alone this many times (a deadlock, a lock timeout) is replaced."""
@@ -87,6 +90,9 @@ class ResultsWriter(Service):
         self._transient: dict[RunKey, int] = {}
         """Runs whose lone write failed with a database error that may pass: how often."""
         self._unanswered: set[RunKey] = set()
+        self._waiting_for_keys: list[Verdict] = []
+        """Verdicts held back: their dedup key is held by another session's transaction."""
+        self._keys_retry_at = 0.0
         """Runs whose last write failed on the connection: applied or not, nobody said."""
 
     # ------------------------------------------------------------ other threads
@@ -108,10 +114,14 @@ class ResultsWriter(Service):
             if time.monotonic() >= next_progress:
                 self._flush_progress()
                 next_progress = time.monotonic() + progress.PROGRESS_INTERVAL
+            self._retry_waiting_for_keys()
             if not self._pending:
                 if self._closing and (self.runs.idle() or self._force.is_set()):
+                    self._give_up_on_waiting_for_keys()
                     return
                 wait = CLOSING_POLL if self._closing else next_progress - time.monotonic()
+                if self._waiting_for_keys:
+                    wait = min(wait, self._keys_retry_at - time.monotonic())
                 self.progress.waiting(RESULTS_WRITER)
                 if not self._take(wait):
                     continue
@@ -148,6 +158,23 @@ class ResultsWriter(Service):
                 return
             self._pending.append(verdict)
 
+    def _retry_waiting_for_keys(self) -> None:
+        if self._waiting_for_keys and time.monotonic() >= self._keys_retry_at:
+            self._pending.extend(self._waiting_for_keys)
+            self._waiting_for_keys = []
+
+    def _give_up_on_waiting_for_keys(self) -> None:
+        if not self._waiting_for_keys:
+            return
+        logger.error(
+            "worker %s exits without writing %d verdicts whose dedup key another session "
+            "held: their leases will expire and other workers will run those jobs again",
+            self.events.worker,
+            len(self._waiting_for_keys),
+            extra={"worker": self.events.worker},
+        )
+        self._waiting_for_keys = []
+
     def _give_up_on_pending(self) -> None:
         logger.error(
             "worker %s exits without writing %d verdicts: their leases will expire "
@@ -165,19 +192,42 @@ class ResultsWriter(Service):
         """Write the batch; False if it must be tried again (the database is away)."""
         try:
             pending = self._settle_unanswered(pending)
-            applied = write_runs(self.alias, self.events.worker, pending)
+            pending, applied = self._write_runs(pending)
         except Exception as error:
-            self._note_unanswered(pending, error)
+            self._note_unanswered(self._pending, error)
             self._streak.count += 1
             self.health.failed(error, what="writing results", repeated=self._streak.count > 1)
             if self.health.is_down or not self._write_one_by_one_now(error):
                 return False
-            return self._write_each(pending)
+            return self._write_each(self._pending)
         self._streak.count = 0
         self.health.back()
         self._unanswered.difference_update(verdict.job.run_key for verdict in pending)
         self._written(pending, applied)
         return True
+
+    def _write_runs(self, verdicts: list[Verdict]) -> tuple[list[Verdict], set[AppliedRun]]:
+        """Write the verdicts, holding back those whose dedup key another session holds
+        (`KeysBusy`); return the verdicts written and the runs applied. What is left to
+        write is `self._pending` all along, so that a failure writes one by one only that."""
+        while verdicts:
+            try:
+                return verdicts, write_runs(
+                    self.alias, self.events.worker, verdicts, wait_for_keys=False
+                )
+            except KeysBusy as busy:
+                self._hold_back(busy.verdicts)
+                held = {id(verdict) for verdict in busy.verdicts}
+                verdicts = [verdict for verdict in verdicts if id(verdict) not in held]
+                self._pending = verdicts
+        return [], set()
+
+    def _hold_back(self, verdicts: Sequence[Verdict]) -> None:
+        """Try these again in KEY_WAIT_RETRY seconds: a producer's transaction holds their
+        key. Their runs stay held (the heartbeat keeps their leases)."""
+        if not self._waiting_for_keys:
+            self._keys_retry_at = time.monotonic() + KEY_WAIT_RETRY
+        self._waiting_for_keys.extend(verdicts)
 
     def _note_unanswered(self, verdicts: Sequence[Verdict], error: Exception) -> None:
         """After a failed write: if the connection failed, nobody knows what it applied."""
@@ -236,7 +286,7 @@ class ResultsWriter(Service):
         applied: set[AppliedRun] = set()
         for index, verdict in enumerate(pending):
             try:
-                applied |= self._write_alone(verdict)
+                alone = self._write_alone(verdict)
             except Exception as error:
                 if not unavailable(error):
                     raise
@@ -245,21 +295,26 @@ class ResultsWriter(Service):
                     break
                 again.append(verdict)  # transient (a lock, a deadlock): tried again soon
                 continue
-            done.append(verdict)
+            if alone is not None:  # None: held back for its dedup key
+                applied |= alone
+                done.append(verdict)
         self._written(done, applied)
         self._pending = again
         if not again:
             self._streak.count = 0
         return not again
 
-    def _write_alone(self, verdict: Verdict) -> set[AppliedRun]:
-        """Write one verdict; replace it by a failed run if the database refuses it.
+    def _write_alone(self, verdict: Verdict) -> set[AppliedRun] | None:
+        """Write one verdict; replace it by a failed run if the database refuses it. None
+        if it was held back for its dedup key (`_hold_back`).
 
         Raises a database error that may pass (the database is away, a lock or
         deadlock that has not yet recurred TRANSIENT_TRIES times for this run).
         """
         try:
-            applied = write_runs(self.alias, self.events.worker, [verdict])
+            written, applied = self._write_runs([verdict])
+            if not written:
+                return None
         except Exception as error:
             if self._may_pass(verdict, error):
                 raise
