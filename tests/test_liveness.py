@@ -27,7 +27,8 @@ from django_venturi.models import Job
 from django_venturi.worker import log_queue
 from tests.conftest import ROOT, wait_until, worker_env
 from tests.testapp.control_tasks import IgnoresTimeout
-from tests.testapp.tasks import Noop
+from tests.testapp.models import Record
+from tests.testapp.tasks import Noop, Sleeper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -168,3 +169,20 @@ def test_a_worker_with_no_handler_slot_left_hands_back_its_jobs_and_exits_non_ze
         timeout=30,
         message="the handed-back jobs completed by another worker",
     )
+
+
+def test_a_stopping_worker_waiting_for_its_handlers_is_not_taken_for_stalled(
+    processes: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    # Its claim loop has ended and its one handler runs on past STALL_TIMEOUT, within
+    # the shutdown timeout: a graceful stop, not a stall.
+    job = Sleeper(seconds=3, cooperative=False).enqueue()
+    log = tmp_path / "worker.log"
+    settings = {"STALL_TIMEOUT": 1, "HEARTBEAT_INTERVAL": 0.3}
+    worker = spawn(processes, "--shutdown-timeout", "20", settings=settings, log=log)
+    wait_until(lambda: Record.objects.filter(job_id=job.pk).exists(), timeout=30, message="started")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, log.read_text()[-3000:]
+    assert "made no progress" not in log.read_text()
+    job.refresh_from_db()
+    assert job.state == venturi.State.COMPLETED, job.state

@@ -148,6 +148,10 @@ class Claimer:
             )
 
     def loop(self) -> None:
+        with self.progress.watching(CLAIM_LOOP):
+            self._loop()
+
+    def _loop(self) -> None:
         next_rescue = 0.0
         scheduler = None if self.burst else Scheduler(self.alias)
         next_periodic = 0.0 if scheduler is not None else float("inf")

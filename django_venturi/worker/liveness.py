@@ -23,6 +23,8 @@ wait on it, and the heartbeat cannot beat either.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 CLAIM_LOOP = "claim loop"
@@ -54,6 +56,16 @@ class Progress:
     def waiting(self, part: str) -> None:
         """`part` waits for work (or for the database): it cannot stall."""
         self._busy_since[part] = None
+
+    @contextmanager
+    def watching(self, part: str) -> Iterator[None]:
+        """For a loop's life: once it ends (a stopping worker waiting for its handlers,
+        however long its shutdown timeout), nothing of it can stall."""
+        self.working(part)
+        try:
+            yield
+        finally:
+            self.waiting(part)
 
     def stall(self, bound: float | None) -> Stall | None:
         """The part at work the longest, if for more than `bound` seconds."""

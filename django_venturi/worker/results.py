@@ -108,6 +108,10 @@ class ResultsWriter(Service):
 
     def loop(self) -> None:
         """Write until closed and every held run's verdict is written (or forced)."""
+        with self.progress.watching(RESULTS_WRITER):
+            self._loop()
+
+    def _loop(self) -> None:
         next_progress = time.monotonic() + progress.PROGRESS_INTERVAL
         while True:
             self.progress.working(RESULTS_WRITER)
