@@ -32,7 +32,13 @@ from django_venturi.models import Job
 from django_venturi.payloads.size import PayloadTooLarge, check_size
 from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, spec_of, validate_name
 from django_venturi.states import Priority, State
-from django_venturi.store import dedup, dependencies, merging, missing_tables, statements
+from django_venturi.store import (
+    dependencies,
+    key_locks,
+    merging,
+    missing_tables,
+    statements,
+)
 from django_venturi.store.backoff import MAX_DELAY, checked_delay
 from django_venturi.store.clock import check_representable
 from django_venturi.store.dedup import key_of
@@ -194,7 +200,7 @@ def _enqueue_mixed(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
             (index for index, job in enumerate(new_jobs) if job.dedup_key is not None),
             key=lambda index: (new_jobs[index].kind, new_jobs[index].dedup_key or "", index),
         )
-        dedup.lock_keys(alias, [(new_jobs[i].kind, new_jobs[i].dedup_key or "") for i in keyed])
+        key_locks.lock_keys(alias, [(new_jobs[i].kind, new_jobs[i].dedup_key or "") for i in keyed])
         for index in keyed:
             results[index] = merging.enqueue_keyed(alias, new_jobs[index], insert_keyed)
     return [job for job in results if job is not None]

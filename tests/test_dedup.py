@@ -19,7 +19,7 @@ from django.utils import timezone
 import django_venturi as venturi
 from django_venturi.models import Job
 from django_venturi.states import LIVE_STATES
-from django_venturi.store import dedup, verdicts
+from django_venturi.store import key_locks, verdicts
 from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.store.completion import write_verdicts
 from django_venturi.store.connections import connection_params
@@ -698,7 +698,7 @@ def test_a_producer_holding_a_key_holds_back_only_that_keys_verdict(
     keyed = PausingRecompute(account="held", steps=1).enqueue()
     with psycopg.connect(**connection_params("default"), autocommit=True) as producer:
         # What a producer's open transaction holds after a keyed enqueue: the key's lock.
-        name = dedup._lock_name(keyed.kind, "held")
+        name = key_locks.lock_name(keyed.kind, "held")
         producer.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [name])
         workers.start("default")
         wait_until(

@@ -259,11 +259,13 @@ def test_a_job_runs_at_once_on_a_free_worker_when_the_called_ones_are_full(
 def test_a_job_runs_at_once_when_the_first_worker_was_killed_a_moment_ago(
     workers: Workers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Killed with -9, it stays listed as live until its heartbeat is old: the
-    second worker called answers alone."""
+    """Killed with -9, it stays listed as live until its heartbeat is old. A survivor
+    answers: the second worker, which the call names beside it, or the third, once the
+    survivors have seen the first one's listener lock go (who wins is a race)."""
     start_idle_workers(workers, monkeypatch, 3)
     ranked = sorted(WorkerProcess.objects.values_list("name", "pid"))
-    (_, first), (_, second) = ranked[:2]
+    first = ranked[0][1]
+    survivors = {pid for _, pid in ranked[1:]}
     (killed,) = [p for p in workers.processes if p.pid == first]
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=10)
@@ -271,7 +273,7 @@ def test_a_job_runs_at_once_when_the_first_worker_was_killed_a_moment_ago(
     job = tasks.Sleeper(seconds=0).enqueue()
     record = wait_until(lambda: ran(job), timeout=20, message="the job to run")
     assert time.monotonic() - began < 5  # not after a minute's poll
-    assert record.value == second
+    assert record.value in survivors
 
 
 def wake_latencies(count: int, expected_pid: int | None = None) -> list[float]:

@@ -72,7 +72,7 @@ def write_runs(
     """`write_verdicts`, telling runs apart: (job id, attempt) of each run applied, so
     that a stale run's verdict beside the live run's of the same job is not counted.
 
-    Without `wait_for_keys`, raises `dedup.KeysBusy` (writing nothing) instead of
+    Without `wait_for_keys`, raises `key_locks.KeysBusy` (writing nothing) instead of
     waiting for a dedup key another session holds (see `dedup.fold_returning`)."""
     done = {(v.job.id, v.job.attempt) for v in verdicts if v.written}
     if done:  # applied in an atomic handler's transaction: see `atomic.py`

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -38,6 +38,7 @@ from django_venturi.registry import TaskSpec, UnknownKind, registry
 from django_venturi.states import Priority, State
 from django_venturi.store import dependencies
 from django_venturi.store.clock import check_representable, database_time
+from django_venturi.store.key_locks import KeysBusy, busy_keys, lock_keys
 
 if TYPE_CHECKING:
     from django_venturi.models import Job, JournalEntry
@@ -253,81 +254,6 @@ def existing_of(alias: str, spec: TaskSpec, job: Job, **overrides: Any) -> Exist
     }
     values.update(overrides)
     return Existing(**values)
-
-
-# ---------------------------------------------------------------- key locks
-
-
-def _lock_name(kind: str, key: str) -> str:
-    return f"venturi.dedup\x1f{kind}\x1f{key}"
-
-
-def lock_keys(alias: str, keys: Sequence[tuple[str, str]]) -> None:
-    """Take the advisory locks of these (kind, key) pairs, in a stable order (PostgreSQL).
-
-    Never call this while holding row locks of jobs: producers take a key's lock
-    before the rows of that key, so waiting here with rows held can deadlock.
-    Such a caller uses `with_keys_locked_now` instead.
-    """
-    connection = connections[alias]
-    if connection.vendor != "postgresql" or not keys:
-        return
-    with connection.cursor() as cursor:
-        # One statement; the locks are taken in array order, which is sorted, so
-        # two transactions locking overlapping keys cannot wait on each other in a cycle.
-        cursor.execute(
-            "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) "
-            "FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n)",
-            [sorted(_lock_name(kind, key) for kind, key in set(keys))],
-        )
-
-
-class KeysBusy(Exception):
-    """Verdicts that need a dedup key another session holds (`fold_returning` asked not to
-    wait): the caller writes the others and tries these again later."""
-
-    def __init__(self, verdicts: Sequence[Verdict]) -> None:
-        super().__init__(f"{len(verdicts)} verdicts wait for a dedup key another session holds")
-        self.verdicts = list(verdicts)
-
-
-def busy_keys(alias: str, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Take the free ones of these keys' locks without waiting; return the others, which
-    another session holds (PostgreSQL; none elsewhere)."""
-    connection = connections[alias]
-    if connection.vendor != "postgresql" or not keys:
-        return set()
-    names = {_lock_name(kind, key): (kind, key) for kind, key in set(keys)}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT k FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n) "
-            "WHERE NOT pg_try_advisory_xact_lock(hashtextextended(k, 0)) ORDER BY n",
-            [sorted(names)],
-        )
-        return {names[row[0]] for row in cursor.fetchall()}
-
-
-def with_keys_locked_now(alias: str, jobs: Sequence[Job]) -> list[Job]:
-    """The `jobs` whose key lock this transaction holds now, taking the free ones without waiting.
-
-    For a caller that already holds the jobs' row locks (lease recovery): it must
-    not wait for a key, since a producer holding that key may be waiting for one
-    of those rows. Jobs without a key are all kept; a job whose key another
-    session holds is left out (its caller leaves it for a later round). Every job
-    is kept on databases other than PostgreSQL, whose transactions serialise.
-    """
-    connection = connections[alias]
-    names = sorted({_lock_name(job.kind, job.dedup_key) for job in jobs if job.dedup_key})
-    if connection.vendor != "postgresql" or not names:
-        return list(jobs)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT k FROM unnest(%s::text[]) WITH ORDINALITY AS t(k, n) "
-            "WHERE pg_try_advisory_xact_lock(hashtextextended(k, 0)) ORDER BY n",
-            [names],
-        )
-        held = {row[0] for row in cursor.fetchall()}
-    return [job for job in jobs if not job.dedup_key or _lock_name(job.kind, job.dedup_key) in held]
 
 
 # ---------------------------------------------------------------- workers

@@ -24,7 +24,7 @@ from django_venturi.conf import MAX_BATCH_SIZE
 from django_venturi.models import Job, WorkerProcess
 from django_venturi.registry import UnknownKind, registry
 from django_venturi.states import JournalOutcome, State
-from django_venturi.store import dedup, statements, verdicts
+from django_venturi.store import key_locks, statements, verdicts
 from django_venturi.store.claim import ClaimedJob, RunKey
 from django_venturi.store.clock import now_expression
 from django_venturi.store.completion import write_verdicts
@@ -230,7 +230,7 @@ def _recover(
         ]
         # Keys after rows, so without waiting: a keyed job whose key a producer holds
         # is left for the next round (waiting could deadlock with that producer).
-        lost = [(lost_run or _lost_run)(job) for job in dedup.with_keys_locked_now(alias, rows)]
+        lost = [(lost_run or _lost_run)(job) for job in key_locks.with_keys_locked_now(alias, rows)]
         write_verdicts(alias, worker, lost)
     return [verdict.job.id for verdict in lost]
 

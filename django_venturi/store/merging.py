@@ -1,7 +1,7 @@
 """Producers merging a keyed job into the live job of its kind and key.
 
 One producer of a key at a time: it holds the key's transaction-level advisory
-lock (`dedup.lock_keys`; SQLite's IMMEDIATE transactions serialise everything)
+lock (`key_locks.lock_keys`; SQLite's IMMEDIATE transactions serialise everything)
 while it finds the live job, locks that row, asks the task's `merge()` and
 writes the decision, or inserts the job when nothing live is in the way. A
 rollback of the caller's transaction undoes the merge.
@@ -30,9 +30,9 @@ from django_venturi.store.dedup import (
     decide,
     decided_changes,
     existing_of,
-    lock_keys,
     new_payload,
 )
+from django_venturi.store.key_locks import lock_keys
 
 if TYPE_CHECKING:
     from django_venturi.models import Job

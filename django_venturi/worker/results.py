@@ -39,7 +39,7 @@ from django_venturi.store import verdicts as verdicts_module
 from django_venturi.store.claim import RunKey
 from django_venturi.store.completion import AppliedRun, write_runs
 from django_venturi.store.connections import DATABASE_ERRORS, unavailable
-from django_venturi.store.dedup import KeysBusy
+from django_venturi.store.key_locks import KeysBusy
 from django_venturi.store.verdicts import ErrorInfo, Verdict
 from django_venturi.worker.liveness import RESULTS_WRITER, Progress
 from django_venturi.worker.log import batched_lines
