@@ -6,6 +6,7 @@
         proxy.blackhole()                   # bytes stop flowing; nothing is closed
         proxy.heal()                        # they flow again, held bytes first
         proxy.switch(("127.0.0.1", standby.port))   # new connections go there; old ones cut
+        proxy.forget()                      # a dead NAT: servers see a close, clients silence
 
 It stands in for what sits between an application and its database in production
 (a virtual IP that moves on failover, a NAT or load balancer that forgets a flow):
@@ -38,6 +39,8 @@ class Connection:
         self.proxy = proxy
         self.sockets = (client, upstream)
         self.closed = threading.Event()
+        self.silenced = False
+        """Forgotten: the upstream is closed, the client left open and unanswered."""
         self.threads = [
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True),
             threading.Thread(target=self._pump, args=(upstream, client), daemon=True),
@@ -61,12 +64,26 @@ class Connection:
                 sink.sendall(data)
         except OSError:
             pass
-        self.close(reset=False)
+        if not self.silenced:
+            self.close(reset=False)
+
+    def silence(self) -> None:
+        """Close the upstream (the server sees its client go) and leave the client's
+        socket open with nothing ever answering it, as a NAT that dropped the flow does."""
+        self.silenced = True
+        self.closed.set()
+        client, upstream = self.sockets
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            upstream.close()
+        with contextlib.suppress(OSError):
+            client.shutdown(socket.SHUT_RD)  # wakes its pump; the client is told nothing
 
     def close(self, *, reset: bool) -> None:
         """Close both sockets: with `reset`, an RST (SO_LINGER 0) as a dying NAT or a
         killed peer sends; otherwise a FIN. Wakes the pump threads blocked in `recv`."""
-        if self.closed.is_set():
+        if self.closed.is_set() and not self.silenced:
             return
         self.closed.set()
         for sock in self.sockets:
@@ -78,7 +95,7 @@ class Connection:
                     sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
-        self.proxy.forget(self)
+        self.proxy.discard(self)
 
 
 class TcpProxy:
@@ -93,6 +110,8 @@ class TcpProxy:
         """Connections accepted so far (a test checks that clients really came through)."""
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()
+        self._silenced: list[Connection] = []
+        """Forgotten connections, whose client sockets stay open until `stop`."""
         self._listener = socket.create_server(("127.0.0.1", port), backlog=128)
         self.port: int = self._listener.getsockname()[1]
         self._stopped = threading.Event()
@@ -112,6 +131,10 @@ class TcpProxy:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self.cut()
+        with self._lock:
+            silenced, self._silenced = self._silenced, []
+        for connection in silenced:
+            connection.close(reset=True)
         self._acceptor.join(timeout=5)
 
     def __enter__(self) -> TcpProxy:
@@ -144,6 +167,18 @@ class TcpProxy:
         """End a blackhole: held bytes go on, parked new connections reach the target."""
         self.flowing.set()
 
+    def forget(self) -> int:
+        """Drop every open connection silently, as a dead NAT does: each server sees its
+        client go, each client keeps an open socket that never answers again (only its
+        timeouts or TCP keepalives can tell). New connections work. How many."""
+        with self._lock:
+            connections = list(self._connections)
+            self._connections.clear()
+            self._silenced.extend(connections)
+        for connection in connections:
+            connection.silence()
+        return len(connections)
+
     def switch(self, target: Address, *, cut: bool = True) -> None:
         """Send new connections to `target` (a promoted standby); with `cut`, close the
         open ones, as a virtual IP moving to another host does."""
@@ -158,7 +193,7 @@ class TcpProxy:
 
     # ------------------------------------------------------------ inside
 
-    def forget(self, connection: Connection) -> None:
+    def discard(self, connection: Connection) -> None:
         with self._lock:
             self._connections.discard(connection)
 

@@ -102,5 +102,16 @@ def test_forwards_cuts_blackholes_and_switches(servers: tuple[Echo, Echo]) -> No
         assert_reset(late)
         fresh = connect(proxy)
         assert ask(fresh, b"x") == b"2:x"
+
+        # Forget (a dead NAT): the client's socket stays open and silent; new ones work.
+        assert proxy.forget() == 1
+        fresh.settimeout(0.3)
+        fresh.sendall(b"lost")
+        with pytest.raises(TimeoutError):
+            fresh.recv(4096)
+        assert proxy.open_connections == 0
+        again = connect(proxy)
+        assert ask(again, b"y") == b"2:y"
+        again.close()
         fresh.close()
-        assert proxy.accepted == 4
+        assert proxy.accepted == 5
