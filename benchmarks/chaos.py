@@ -164,7 +164,7 @@ def loop(
 
     from benchmarks import chaos_checks as checks
 
-    stuck: dict[int, Any] = {}
+    stuck: dict[int | None, Any] = {}
     begun = last = time.monotonic()
     next_sample = begun + SAMPLE_EVERY
     while (now := time.monotonic()) < begun + seconds:

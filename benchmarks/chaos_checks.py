@@ -115,13 +115,11 @@ def load_journal() -> dict[int, list[Entry]]:
     from django_venturi.models import JournalEntry
 
     journal: dict[int, list[Entry]] = collections.defaultdict(list)
-    fields = ("job_id", "attempt", "outcome", "worker", "started_at", "finished_at")
-    for job_id, attempt, outcome, worker, started, finished in JournalEntry.objects.order_by(
-        "id"
-    ).values_list(*fields):
-        journal[job_id].append(
-            Entry(attempt, outcome, worker, stamp(started), finished.timestamp())
-        )
+    fields = ("job_id", "attempt", "outcome", "worker", "error_type", "started_at", "finished_at")
+    entries = JournalEntry.objects.order_by("id").values_list(*fields)
+    for job_id, attempt, outcome, worker, error_type, started, finished in entries:
+        entry = Entry(attempt, outcome, worker, error_type, stamp(started), finished.timestamp())
+        journal[job_id].append(entry)
     return journal
 
 
@@ -139,7 +137,7 @@ def effects() -> collections.Counter[int]:
     """Job id -> effect rows written by atomic runs."""
     from benchmarks.bench_project.benchapp.models import Counter
 
-    return collections.Counter(Counter.objects.values_list("value", flat=True))
+    return collections.Counter(Counter._default_manager.values_list("value", flat=True))
 
 
 def check_end_state(produced: Produced, runs_path: Path) -> list[Violation]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import DatabaseError, connections
 
@@ -76,7 +77,7 @@ class Producer:
         import django_venturi as venturi
         from benchmarks.bench_project.benchapp import chaos_tasks as tasks
 
-        simple: dict[str, type[venturi.Task]] = {
+        simple: dict[str, Any] = {
             "plain": tasks.Plain,
             "atomic": tasks.Atomic,
             "limited": tasks.Limited,

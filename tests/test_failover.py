@@ -92,7 +92,7 @@ def unfinished(cluster: clusters.Cluster) -> int:
 
 def states(cluster: clusters.Cluster) -> dict[object, object]:
     sql = "SELECT state, count(*) FROM django_venturi_job GROUP BY state"
-    return dict(cluster.execute(sql, DATABASE))
+    return {row[0]: row[1] for row in cluster.execute(sql, DATABASE)}
 
 
 def not_completed(cluster: clusters.Cluster) -> str:
