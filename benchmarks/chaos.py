@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import random
 import shutil
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="venturi-chaos-"))
     with clusters.private_cluster("chaos") as cluster, TcpProxy(cluster_address(cluster)) as proxy:
         cluster.create_database(DATABASE)
-        violations = soak(cluster, proxy, folder, args, random.Random(seed))
+        violations = soak(cluster, proxy, folder, args, seed)
     if args.keep or violations:
         print(f"chaos: worker logs and runs file in {folder}; replay with --seed {seed}")
     else:
@@ -124,10 +125,9 @@ def worker_env(proxy_port: int, runs: Path) -> dict[str, str]:
     return env
 
 
-def soak(
-    cluster: Any, proxy: Any, folder: Path, args: argparse.Namespace, rng: random.Random
-) -> list[Any]:
-    """Run the soak; print the table; the violations."""
+def soak(cluster: Any, proxy: Any, folder: Path, args: argparse.Namespace, seed: int) -> list[Any]:
+    """Run the soak; print the table; the violations. The faults and the producer draw
+    from generators of their own: the schedule a seed gives does not depend on the mix."""
     setup_django(cluster.port)
     from benchmarks import chaos_checks as checks
     from benchmarks.chaos_faults import Injector
@@ -136,8 +136,8 @@ def soak(
 
     runs = folder / "runs.log"
     fleet = Fleet(folder, worker_env(proxy.port, runs), args.workers, args.concurrency)
-    producer = Producer(args.rate, rng)
-    injector = Injector(cluster, proxy, fleet, producer, rng)
+    producer = Producer(args.rate, random.Random(seed + 1))
+    injector = Injector(cluster, proxy, fleet, producer, random.Random(seed))
     violations: list[checks.Violation] = []
     try:
         violations += loop(fleet, injector, args.minutes * 60, producer=producer)
@@ -177,7 +177,7 @@ def loop(
             next_sample = now + SAMPLE_EVERY
             try:
                 if not injector.outage() and now - injector.healthy_since > checks.GRACE:
-                    for violation in checks.stuck_running():
+                    for violation in checks.stuck_running(injector.origin):
                         stuck.setdefault(violation.job, violation)
                 if until is not None and until():
                     break
@@ -267,23 +267,38 @@ def report(injector: Any, fleet: Any, producer: Any, violations: list[Any], drai
         for name, value in figures.items():
             print(f"| {name} | {value} |")
         print()
+    print_violations(injector, violations)
+    print(f"chaos: {'OK' if not violations else 'VIOLATIONS'}", flush=True)
+
+
+def print_violations(injector: Any, violations: list[Any], most: int = 20) -> None:
+    """Each violation (`most` of each invariant), then the faults around it: once for a
+    run of violations that have the same ones."""
     shown: collections.Counter[str] = collections.Counter()
+    listed = []
     for violation in violations:
         shown[violation.invariant] += 1
-        if shown[violation.invariant] > 20:
-            continue
-        job = f"job {violation.job}: " if violation.job is not None else ""
-        when = f" (at {violation.at - injector.origin:.1f}s)" if violation.at is not None else ""
-        print(f"VIOLATION {violation.invariant}{when}: {job}{violation.detail}")
-        if violation.at is not None:
-            for fault in injector.log:
-                end = fault.ended or fault.at
-                if fault.at <= violation.at + AFTER and end >= violation.at - BEFORE:
-                    print(f"    near: {fault.line(injector.origin)}")
+        if shown[violation.invariant] <= most:
+            listed.append((violation, nearby(injector, violation.at)))
+    for near, group in itertools.groupby(listed, key=lambda pair: pair[1]):
+        for violation, _ in group:
+            job = f"job {violation.job}: " if violation.job is not None else ""
+            print(f"VIOLATION {violation.invariant}: {job}{violation.detail}")
+        print("\n".join(near))
     for invariant, count in shown.items():
-        if count > 20:
-            print(f"... {count - 20} more {invariant}")
-    print(f"chaos: {'OK' if not violations else 'VIOLATIONS'}", flush=True)
+        if count > most:
+            print(f"... {count - most} more {invariant}")
+
+
+def nearby(injector: Any, at: float | None) -> list[str]:
+    """The faults from BEFORE s before `at` to AFTER s after, as lines."""
+    if at is None:
+        return []
+    lines = [f"    faults from {at - injector.origin - BEFORE:.1f}s:"]
+    for fault in injector.log:
+        if fault.at <= at + AFTER and (fault.ended or fault.at) >= at - BEFORE:
+            lines.append(f"    {fault.line(injector.origin)}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ report can list the faults injected around it:
   every claim of a finished job is closed by an entry;
 - `duplicate verdict`: no claim has two closing entries, and no claim ran its handler twice;
 - `discarded applied verdict`: a `discarded` entry only follows a lost claim (`lease_expired`);
+- `verdict not written`: no run's outcome is replaced because the database refused it
+  (an `UnwritableVerdict` entry): a refused write must wait for a writable primary;
 - `workflow order`: a step runs only after the step before it completed;
 - `keyed count`: the counts of a key's completed jobs add up to its enqueues;
 - `running past its lease` (sampled during the soak): no job stays `running` more than
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -37,6 +40,8 @@ GRACE = 15.0
 """Seconds past its lease after which a running job counts as stuck: the sweeper runs
 every 5 s (RESCUE_INTERVAL), a worker's heartbeat grace is two 10 s intervals... and
 the sample itself takes a moment. Only sampled once the database has been back this long."""
+UNWRITABLE = "django_venturi.UnwritableVerdict"
+"""The error type of a run failed because its verdict could not be written."""
 LOST_CLAIM = "django_venturi.LeaseExpired"
 """The error type of the entry closing a claim whose lease ran out (its outcome is
 `lease_expired`, or `cancelled` when a cancel had been asked)."""
@@ -78,23 +83,26 @@ def stamp(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def stuck_running(grace: float = GRACE) -> list[Violation]:
-    """Jobs running more than `grace` s past their lease, now (by the database's clock)."""
+def stuck_running(origin: float, grace: float = GRACE) -> list[Violation]:
+    """Jobs running more than `grace` s past their lease, now (by the database's clock);
+    times in the detail are seconds since `origin` (the soak's start)."""
     from django.db.models.functions import Now
 
     from django_venturi.models import Job
 
     rows = Job.objects.filter(
         state="running", lease_expires_at__lt=Now() - timedelta(seconds=grace)
-    ).values_list("id", "claimed_by", "lease_expires_at", "attempt")
+    ).values_list("id", "kind", "claimed_by", "lease_expires_at", "attempt")
+    seen = time.time()
     return [
         Violation(
             "running past its lease",
             job_id,
-            f"attempt {attempt} held by {worker}, lease ran out at {expires:%H:%M:%S.%f}",
-            stamp(expires),
+            f"{kind} attempt {attempt} held by {worker}: its lease ran out at "
+            f"{expires.timestamp() - origin:.1f}s, still running at {seen - origin:.1f}s",
+            expires.timestamp(),
         )
-        for job_id, worker, expires, attempt in rows
+        for job_id, kind, worker, expires, attempt in rows
     ]
 
 
@@ -221,6 +229,8 @@ def check_journal(row: Row, entries: list[Entry], ran: list[tuple[int, float]]) 
         if times > 1:
             add("duplicate verdict", f"attempt {attempt} ran its handler {times} times", None)
     for entry in entries:
+        if entry.error_type == UNWRITABLE:
+            add("verdict not written", f"attempt {entry.attempt} {entry.outcome}", entry.finished)
         if entry.outcome != "discarded":
             continue
         closed = closing.get(entry.attempt, [])
