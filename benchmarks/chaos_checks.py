@@ -94,16 +94,15 @@ def stuck_running(origin: float, grace: float = GRACE) -> list[Violation]:
         state="running", lease_expires_at__lt=Now() - timedelta(seconds=grace)
     ).values_list("id", "kind", "claimed_by", "lease_expires_at", "attempt")
     seen = time.time()
-    return [
-        Violation(
-            "running past its lease",
-            job_id,
+    found = []
+    for job_id, kind, worker, expires, attempt in rows:
+        expired = stamp(expires) or seen
+        detail = (
             f"{kind} attempt {attempt} held by {worker}: its lease ran out at "
-            f"{expires.timestamp() - origin:.1f}s, still running at {seen - origin:.1f}s",
-            expires.timestamp(),
+            f"{expired - origin:.1f}s, still running at {seen - origin:.1f}s"
         )
-        for job_id, kind, worker, expires, attempt in rows
-    ]
+        found.append(Violation("running past its lease", job_id, detail, expired))
+    return found
 
 
 def load_rows() -> dict[int, Row]:
