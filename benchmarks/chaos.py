@@ -146,10 +146,12 @@ def soak(cluster: Any, proxy: Any, folder: Path, args: argparse.Namespace, seed:
         violations += settle(fleet, injector)
         violations += stop(fleet)
     finally:
-        injector.stop()
-        fleet.kill_all()
+        try:
+            injector.stop()
+        finally:
+            fleet.kill_all()  # whatever happened: no worker outlives the soak
     violations += worker_exits(fleet)
-    violations += checks.check_end_state(producer.produced, runs)
+    violations += checks.check_end_state(producer.produced, runs, violations, injector.origin)
     report(injector, fleet, producer, violations, drained)
     return violations
 

@@ -36,10 +36,11 @@ from typing import Any
 
 from benchmarks.chaos_producer import Produced
 
-GRACE = 15.0
-"""Seconds past its lease after which a running job counts as stuck: the sweeper runs
-every 5 s (RESCUE_INTERVAL), a worker's heartbeat grace is two 10 s intervals... and
-the sample itself takes a moment. Only sampled once the database has been back this long."""
+GRACE = 30.0
+"""Seconds past its lease after which a running job counts as stuck: the sweepers run
+every 5 s (RESCUE_INTERVAL), and leave alone the jobs of a worker that beat within two
+10 s heartbeat intervals before their lease ran out (it recovers them itself when it
+wakes). Only sampled once the database has been back this long."""
 UNWRITABLE = "django_venturi.UnwritableVerdict"
 """The error type of a run failed because its verdict could not be written."""
 LOST_CLAIM = "django_venturi.LeaseExpired"
@@ -55,6 +56,8 @@ class Violation:
     detail: str
     at: float | None
     """Wall clock of the moment concerned (for the faults around it), if known."""
+    attempt: int | None = None
+    """The claim concerned, if one (a stuck run: the end state says how it ended)."""
 
 
 @dataclass
@@ -101,8 +104,23 @@ def stuck_running(origin: float, grace: float = GRACE) -> list[Violation]:
             f"{kind} attempt {attempt} held by {worker}: its lease ran out at "
             f"{expired - origin:.1f}s, still running at {seen - origin:.1f}s"
         )
-        found.append(Violation("running past its lease", job_id, detail, expired))
+        found.append(Violation("running past its lease", job_id, detail, expired, attempt))
     return found
+
+
+def how_stuck_runs_ended(
+    violations: list[Violation], journal: dict[int, list[Entry]], origin: float
+) -> None:
+    """Add to each stuck run's detail the entry that closed its claim in the end."""
+    for violation in violations:
+        if violation.invariant != "running past its lease" or violation.job is None:
+            continue
+        closed = [
+            f"{entry.outcome} by {entry.worker} at {entry.finished - origin:.1f}s"
+            for entry in journal.get(violation.job, [])
+            if entry.attempt == violation.attempt
+        ]
+        violation.detail += f"; closed as {closed or 'nothing'}"
 
 
 def load_rows() -> dict[int, Row]:
@@ -147,8 +165,12 @@ def effects() -> collections.Counter[int]:
     return collections.Counter(Counter._default_manager.values_list("value", flat=True))
 
 
-def check_end_state(produced: Produced, runs_path: Path) -> list[Violation]:
+def check_end_state(
+    produced: Produced, runs_path: Path, sampled: list[Violation], origin: float
+) -> list[Violation]:
+    """The violations of the end state; `sampled` (stuck runs) learn how they ended."""
     rows, journal, runs = load_rows(), load_journal(), load_runs(runs_path)
+    how_stuck_runs_ended(sampled, journal, origin)
     found: list[Violation] = []
     found += check_rows(rows, produced)
     found += check_atomic(rows, effects())

@@ -47,6 +47,9 @@ OUTAGES = {"read_only", "blackhole", "dead_nat"}
 PAUSABLE = ("chaos.plain", "chaos.slow", "chaos.limited", "chaos.atomic")
 GAP = (1.0, 4.0)
 """Seconds between two faults."""
+RETRY_END = 0.5
+"""Seconds before ending a window again when the database refused (a resume)."""
+STOP_DEADLINE = 120.0
 
 
 @dataclass
@@ -108,9 +111,15 @@ class Injector:
         return any(window.fault.kind in OUTAGES for window in self.windows)
 
     def stop(self) -> None:
-        """End every window now (the soak's chaos is over)."""
-        for window in list(self.windows):
-            self._end(window)
+        """End every window now (the soak's chaos is over): outages first, the others
+        (which may need the database) until they succeed."""
+        deadline = time.monotonic() + STOP_DEADLINE
+        while self.windows:
+            ordered = sorted(self.windows, key=lambda w: w.fault.kind not in OUTAGES)
+            if not all(self._end(window) for window in ordered):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"chaos: cannot end {[w.fault for w in self.windows]}")
+                time.sleep(RETRY_END)
         self.fleet.thaw_all()
         if self.faults_over is None:
             self.faults_over = time.time()
@@ -126,21 +135,21 @@ class Injector:
     def _open(self, fault: Fault, seconds: float, undo: Callable[[], None]) -> None:
         self.windows.append(Window(fault, time.monotonic() + seconds, undo))
 
-    def _end(self, window: Window) -> None:
-        for attempt in range(50):
-            try:
-                window.undo()
-                break
-            except DatabaseError as error:  # a resume during a restart: try again
-                connections.close_all()
-                if attempt == 49:
-                    raise
-                print(f"chaos: ending {window.fault.kind}: {error}; again", flush=True)
-                time.sleep(0.2)
+    def _end(self, window: Window) -> bool:
+        """Undo a window's fault; if the database refuses (a resume while it is read-only),
+        try again at a later tick: this loop is also the one that ends the outage."""
+        try:
+            window.undo()
+        except DatabaseError as error:
+            connections.close_all()
+            window.until = time.monotonic() + RETRY_END
+            print(f"chaos: ending {window.fault.kind}: {error}; again", flush=True)
+            return False
         window.fault.ended = time.time()
         self.windows.remove(window)
         if window.fault.kind in OUTAGES:
             self.healthy_since = time.monotonic()
+        return True
 
     # ------------------------------------------------------------ the faults
 
