@@ -139,17 +139,20 @@ def soak(cluster: Any, proxy: Any, folder: Path, args: argparse.Namespace, seed:
     producer = Producer(args.rate, random.Random(seed + 1))
     injector = Injector(cluster, proxy, fleet, producer, random.Random(seed))
     violations: list[checks.Violation] = []
+    stuck: dict[int | None, checks.Violation] = {}
+    """Stuck runs seen by any loop, once each."""
+    drained = False
     try:
-        violations += loop(fleet, injector, args.minutes * 60, producer=producer)
-        drained, sampled = drain(fleet, injector)
-        violations += sampled
-        violations += settle(fleet, injector)
+        loop(fleet, injector, args.minutes * 60, stuck, producer=producer)
+        drained = drain(fleet, injector, stuck)
+        violations += settle(fleet, injector, stuck)
         violations += stop(fleet)
     finally:
         try:
             injector.stop()
         finally:
             fleet.kill_all()  # whatever happened: no worker outlives the soak
+    violations += stuck.values()
     violations += worker_exits(fleet)
     violations += checks.check_end_state(producer.produced, runs, violations, injector.origin)
     report(injector, fleet, producer, violations, drained)
@@ -157,16 +160,20 @@ def soak(cluster: Any, proxy: Any, folder: Path, args: argparse.Namespace, seed:
 
 
 def loop(
-    fleet: Any, injector: Any, seconds: float, producer: Any = None, until: Any = None
-) -> list[Any]:
+    fleet: Any,
+    injector: Any,
+    seconds: float,
+    stuck: dict[int | None, Any],
+    producer: Any = None,
+    until: Any = None,
+) -> None:
     """The soak's one loop: every TICK, produce (if a producer is given), supervise the
-    workers, inject faults (while producing) and now and then look for stuck jobs; ends
-    after `seconds` or when `until()` is true."""
+    workers, inject faults (while producing) and now and then look for stuck jobs (added
+    to `stuck`); ends after `seconds` or when `until()` is true."""
     from django.db import DatabaseError, connections
 
     from benchmarks import chaos_checks as checks
 
-    stuck: dict[int | None, Any] = {}
     begun = last = time.monotonic()
     next_sample = begun + SAMPLE_EVERY
     while (now := time.monotonic()) < begun + seconds:
@@ -186,10 +193,9 @@ def loop(
             except DatabaseError:
                 connections.close_all()
         time.sleep(TICK)
-    return list(stuck.values())
 
 
-def drain(fleet: Any, injector: Any) -> tuple[bool, list[Any]]:
+def drain(fleet: Any, injector: Any, stuck: dict[int | None, Any]) -> bool:
     """End the faults and wait until every job is finished (or DRAIN_TIMEOUT)."""
     from django_venturi.models import Job
 
@@ -199,19 +205,20 @@ def drain(fleet: Any, injector: Any) -> tuple[bool, list[Any]]:
     def drained() -> bool:
         return not Job.objects.filter(state__in=["waiting", "ready", "running"]).exists()
 
-    sampled = loop(fleet, injector, DRAIN_TIMEOUT, until=drained)
-    return drained(), sampled
+    loop(fleet, injector, DRAIN_TIMEOUT, stuck, until=drained)
+    return drained()
 
 
-def settle(fleet: Any, injector: Any) -> list[Any]:
+def settle(fleet: Any, injector: Any, stuck: dict[int | None, Any]) -> list[Any]:
     """Give every worker SETTLE s after the faults to beat again, then list the silent ones:
     a worker stuck on a connection nobody answers (a dead NAT) must notice and exit."""
     from benchmarks import chaos_checks as checks
 
     left = SETTLE - (time.time() - injector.faults_over)
-    violations = loop(fleet, injector, left) if left > 0 else []
+    if left > 0:
+        loop(fleet, injector, left, stuck)
     live = {process.pid for process in fleet.live()}
-    return violations + checks.silent_workers(live, older_than=SILENT_AFTER)
+    return checks.silent_workers(live, older_than=SILENT_AFTER)
 
 
 def stop(fleet: Any) -> list[Any]:
