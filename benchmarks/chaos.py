@@ -36,6 +36,8 @@ REPO_ROOT = BENCH_DIR.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.chaos_faults import FAULTS  # noqa: E402
+
 DATABASE = "venturi_chaos"
 SETTINGS = "benchmarks.bench_project.chaos_settings"
 TICK = 0.1
@@ -60,9 +62,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rate", type=float, default=20.0, help="jobs enqueued a second")
     parser.add_argument("--keep", action="store_true", help="keep the worker logs' folder")
+    parser.add_argument(
+        "--skip",
+        default="",
+        help=f"faults not to inject, comma-separated (of {', '.join(FAULTS)})",
+    )
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
+    args.skip = frozenset(name.strip() for name in args.skip.split(",") if name.strip())
+    if unknown := args.skip - set(FAULTS):
+        parser.error(f"--skip: unknown faults {', '.join(sorted(unknown))}")
     return args
 
 
@@ -76,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: {reason}", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"chaos: seed {seed}, {args.minutes:g} min, {args.workers} workers", flush=True)
+    skipped = f", skipping {', '.join(sorted(args.skip))}" if args.skip else ""
+    print(f"chaos: seed {seed}, {args.minutes:g} min, {args.workers} workers{skipped}", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="venturi-chaos-"))
     with clusters.private_cluster("chaos") as cluster, TcpProxy(cluster_address(cluster)) as proxy:
         cluster.create_database(DATABASE)
@@ -137,7 +148,7 @@ def soak(cluster: Any, proxy: Any, folder: Path, args: argparse.Namespace, seed:
     runs = folder / "runs.log"
     fleet = Fleet(folder, worker_env(proxy.port, runs), args.workers, args.concurrency)
     producer = Producer(args.rate, random.Random(seed + 1))
-    injector = Injector(cluster, proxy, fleet, producer, random.Random(seed))
+    injector = Injector(cluster, proxy, fleet, producer, random.Random(seed), args.skip)
     violations: list[checks.Violation] = []
     stuck: dict[int | None, checks.Violation] = {}
     """Stuck runs seen by any loop, once each."""

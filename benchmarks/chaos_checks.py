@@ -289,13 +289,18 @@ def check_chains(
 
 def check_keys(rows: dict[int, Row], produced: Produced) -> list[Violation]:
     counted: collections.Counter[str] = collections.Counter()
+    unfinished: collections.Counter[str] = collections.Counter()
     for row in rows.values():
         if row.kind == "chaos.keyed" and row.state == "completed":
             counted[row.payload["key"]] += row.payload["count"]
+        elif row.kind == "chaos.keyed" and row.state not in FINAL:
+            unfinished[row.payload["key"]] += 1
     found = []
     for key, enqueues in sorted(produced.keyed.items()):
         if key not in produced.uncertain_keys and counted[key] != enqueues:
             detail = f"key {key}: {enqueues} enqueues, {counted[key]} counted by completed jobs"
+            if unfinished[key]:
+                detail += f" ({unfinished[key]} of its jobs not finished)"
             found.append(Violation("keyed count", None, detail, None))
     return found
 

@@ -77,8 +77,16 @@ class Injector:
     """Draws and injects the faults; ends their windows; keeps the log."""
 
     def __init__(
-        self, cluster: Any, proxy: Any, fleet: Fleet, producer: Producer, rng: random.Random
+        self,
+        cluster: Any,
+        proxy: Any,
+        fleet: Fleet,
+        producer: Producer,
+        rng: random.Random,
+        skip: frozenset[str] = frozenset(),
     ) -> None:
+        self.weights = {kind: weight for kind, weight in FAULTS.items() if kind not in skip}
+        """The faults drawn: FAULTS but those skipped (`--skip`)."""
         self.cluster = cluster
         self.proxy = proxy
         self.fleet = fleet
@@ -101,10 +109,12 @@ class Injector:
         if now < self.next_at:
             return
         self.next_at = now + self.rng.uniform(*GAP)
-        kinds = list(FAULTS)
-        kind = self.rng.choices(kinds, [FAULTS[k] for k in kinds])[0]
+        if not self.weights:
+            return
+        kinds = list(self.weights)
+        kind = self.rng.choices(kinds, [self.weights[k] for k in kinds])[0]
         if self.outage() and (kind in OUTAGES or kind in {"pause", "cancel", "restart"}):
-            kind = self.rng.choice(["kill", "freeze", "cut"])
+            return  # one database outage at a time; nothing that needs the database
         getattr(self, f"_{kind}")()
 
     def outage(self) -> bool:
