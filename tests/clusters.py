@@ -10,7 +10,8 @@ of its own with Debian's postgresql-common tools (`pg_createcluster`,
         cluster.restart()
 
     with private_cluster("primary") as primary, private_standby("standby", primary) as standby:
-        primary.set_read_only()             # writes now fail with 25006
+        primary.set_read_only()             # new transactions' writes fail with 25006
+        primary.wait_transactions_end(primary.clock())   # older ones can still commit
         standby.wait_replayed(primary.wal_position())
         standby.promote()
 
@@ -31,6 +32,7 @@ import subprocess
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -284,6 +286,26 @@ class Cluster:
         value = "on" if read_only else "off"
         self.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
         self.execute("SELECT pg_reload_conf()")
+
+    def clock(self) -> datetime:
+        """The server's clock now."""
+        value = self.execute("SELECT clock_timestamp()")[0][0]
+        assert isinstance(value, datetime)
+        return value
+
+    def wait_transactions_end(self, begun_before: datetime, timeout: float = START_TIMEOUT) -> None:
+        """Wait until no client's transaction begun before `begun_before` is open. After
+        `set_read_only`, the fence is complete then: a transaction begun earlier could still
+        write and commit, one begun later cannot."""
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+            f"AND pid <> pg_backend_pid() AND xact_start < '{begun_before.isoformat()}'"
+        )
+        wait_for(
+            lambda: self.execute(sql)[0][0] == 0,
+            f"{self.name}'s transactions begun before {begun_before} to end",
+            timeout,
+        )
 
     def is_in_recovery(self) -> bool:
         return bool(self.execute("SELECT pg_is_in_recovery()")[0][0])

@@ -5,7 +5,8 @@ Three `venturi_worker` processes reach PostgreSQL only through a TCP proxy
 virtual IP. While they drain a backlog the failover happens as an operator or a
 managed service does it: the old primary is fenced read-only (every write now
 answers SQLSTATE 25006, as a demoted primary does), the standby replays the last
-of its WAL and is promoted, and the proxy switches to it, cutting every open
+of its WAL (once the transactions begun before the fence, which may still write,
+have ended) and is promoted, and the proxy switches to it, cutting every open
 connection. Fencing first is what keeps an asynchronous standby from missing
 commits the old primary accepted after the last byte streamed.
 
@@ -40,9 +41,9 @@ from tests.test_postgres_restart import check_the_journal, runs_by_job
 from tests.testapp.soak_tasks import Journalled
 
 ALIAS = "failover"
-JOBS = 1500
-FENCE_AT = 400
-"""Completed jobs at which the failover starts (the drain takes ~10 s)."""
+JOBS = 1200
+FENCE_AT = 300
+"""Completed jobs at which the failover starts (the drain takes ~6 s)."""
 CARRY_ON_WITHIN = 10.0
 """Seconds after the switch by which a job must complete on the new primary."""
 REFUSED = "in a read-only transaction"
@@ -127,6 +128,7 @@ def test_workers_carry_on_after_a_failover_to_a_promoted_standby(
         # Fence: the old primary refuses writes while the workers are connected to it.
         log_offset = len(primary.log())
         primary.set_read_only()
+        fenced_at = primary.clock()
         wait_until(
             lambda: refusals(primary, log_offset) > 0,
             timeout=10,
@@ -134,7 +136,9 @@ def test_workers_carry_on_after_a_failover_to_a_promoted_standby(
         )
         assert proxy.open_connections > 0, "the workers were not connected through the proxy"
         assert proxy.target == ("127.0.0.1", primary.port)
-        # Promote once the standby has every commit; jobs are running as it happens.
+        # Promote once the standby has every commit, those of transactions begun before
+        # the fence included; jobs are running as it happens.
+        primary.wait_transactions_end(fenced_at)
         standby.wait_replayed(primary.wal_position())
         standby.promote()
         running_at_promotion = count(standby, "running")
