@@ -42,7 +42,7 @@ DATABASE = "venturi_chaos"
 SETTINGS = "benchmarks.bench_project.chaos_settings"
 TICK = 0.1
 SAMPLE_EVERY = 2.0
-"""Seconds between two looks for jobs running past their lease."""
+"""Seconds between two looks at whether the backlog is drained."""
 DRAIN_TIMEOUT = 180.0
 STOP_TIMEOUT = 45.0
 """SIGTERM to exit: the workers' SHUTDOWN_TIMEOUT (30 s) and some."""
@@ -144,26 +144,26 @@ def soak(cluster: Any, proxy: Any, folder: Path, args: argparse.Namespace, seed:
     from benchmarks.chaos_faults import Injector
     from benchmarks.chaos_fleet import Fleet
     from benchmarks.chaos_producer import Producer
+    from benchmarks.chaos_watch import Watch
 
     runs = folder / "runs.log"
     fleet = Fleet(folder, worker_env(proxy.port, runs), args.workers, args.concurrency)
     producer = Producer(args.rate, random.Random(seed + 1))
     injector = Injector(cluster, proxy, fleet, producer, random.Random(seed), args.skip)
     violations: list[checks.Violation] = []
-    stuck: dict[int | None, checks.Violation] = {}
-    """Stuck runs seen by any loop, once each."""
+    watch = Watch(runs)
     drained = False
     try:
-        loop(fleet, injector, args.minutes * 60, stuck, producer=producer)
-        drained = drain(fleet, injector, stuck)
-        violations += settle(fleet, injector, stuck)
+        loop(fleet, injector, args.minutes * 60, watch, producer=producer)
+        drained = drain(fleet, injector, watch)
+        violations += settle(fleet, injector, watch)
         violations += stop(fleet)
     finally:
         try:
             injector.stop()
         finally:
             fleet.kill_all()  # whatever happened: no worker outlives the soak
-    violations += stuck.values()
+    violations += watch.violations()
     violations += worker_exits(fleet)
     violations += checks.check_end_state(producer.produced, runs, violations, injector.origin)
     report(injector, fleet, producer, violations, drained)
@@ -174,39 +174,35 @@ def loop(
     fleet: Any,
     injector: Any,
     seconds: float,
-    stuck: dict[int | None, Any],
+    watch: Any,
     producer: Any = None,
     until: Any = None,
 ) -> None:
     """The soak's one loop: every TICK, produce (if a producer is given), supervise the
-    workers, inject faults (while producing) and now and then look for stuck jobs (added
-    to `stuck`); ends after `seconds` or when `until()` is true."""
+    workers, inject faults (while producing) and let `watch` sample; ends after `seconds`
+    or, looked at every SAMPLE_EVERY s, when `until()` is true."""
     from django.db import DatabaseError, connections
 
-    from benchmarks import chaos_checks as checks
-
     begun = last = time.monotonic()
-    next_sample = begun + SAMPLE_EVERY
+    next_look = begun + SAMPLE_EVERY
     while (now := time.monotonic()) < begun + seconds:
         if producer is not None:
             producer.tick(now - last)
             injector.tick()
         last = now
         fleet.supervise(now)
-        if now >= next_sample:
-            next_sample = now + SAMPLE_EVERY
+        watch.sample(injector, fleet)
+        if until is not None and now >= next_look:
+            next_look = now + SAMPLE_EVERY
             try:
-                if not injector.outage() and now - injector.healthy_since > checks.GRACE:
-                    for violation in checks.stuck_running(injector.origin):
-                        stuck.setdefault(violation.job, violation)
-                if until is not None and until():
+                if until():
                     break
             except DatabaseError:
                 connections.close_all()
         time.sleep(TICK)
 
 
-def drain(fleet: Any, injector: Any, stuck: dict[int | None, Any]) -> bool:
+def drain(fleet: Any, injector: Any, watch: Any) -> bool:
     """End the faults and wait until every job is finished (or DRAIN_TIMEOUT)."""
     from django_venturi.models import Job
 
@@ -216,18 +212,18 @@ def drain(fleet: Any, injector: Any, stuck: dict[int | None, Any]) -> bool:
     def drained() -> bool:
         return not Job.objects.filter(state__in=["waiting", "ready", "running"]).exists()
 
-    loop(fleet, injector, DRAIN_TIMEOUT, stuck, until=drained)
+    loop(fleet, injector, DRAIN_TIMEOUT, watch, until=drained)
     return drained()
 
 
-def settle(fleet: Any, injector: Any, stuck: dict[int | None, Any]) -> list[Any]:
+def settle(fleet: Any, injector: Any, watch: Any) -> list[Any]:
     """Give every worker SETTLE s after the faults to beat again, then list the silent ones:
     a worker stuck on a connection nobody answers (a dead NAT) must notice and exit."""
     from benchmarks import chaos_checks as checks
 
     left = SETTLE - (time.time() - injector.faults_over)
     if left > 0:
-        loop(fleet, injector, left, stuck)
+        loop(fleet, injector, left, watch)
     live = {process.pid for process in fleet.live()}
     return checks.silent_workers(live, older_than=SILENT_AFTER)
 

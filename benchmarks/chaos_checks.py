@@ -18,8 +18,8 @@ report can list the faults injected around it:
   (an `UnwritableVerdict` entry): a refused write must wait for a writable primary;
 - `workflow order`: a step runs only after the step before it completed;
 - `keyed count`: the counts of a key's completed jobs add up to its enqueues;
-- `running past its lease` (sampled during the soak): no job stays `running` more than
-  GRACE seconds past its lease while the database is reachable;
+- `running past its lease`, `claims stalled`: sampled while the soak runs
+  (benchmarks/chaos_watch.py);
 - `worker exited 0 unasked`, `worker ignored SIGTERM`, `worker failed at shutdown`,
   `worker silent`: every worker is alive and beating, or exited non-zero.
 """
@@ -106,6 +106,15 @@ def stuck_running(origin: float, grace: float = GRACE) -> list[Violation]:
         )
         found.append(Violation("running past its lease", job_id, detail, expired, attempt))
     return found
+
+
+def due_jobs(kind: str) -> int:
+    """Jobs of `kind` ready and due now (by the database's clock)."""
+    from django.db.models.functions import Now
+
+    from django_venturi.models import Job
+
+    return Job.objects.filter(kind=kind, state="ready", run_at__lte=Now()).count()
 
 
 def how_stuck_runs_ended(

@@ -117,6 +117,10 @@ class Injector:
             return  # one database outage at a time; nothing that needs the database
         getattr(self, f"_{kind}")()
 
+    def paused_kinds(self) -> set[str]:
+        """Kinds paused by an open `pause` window."""
+        return {w.fault.detail.split()[0] for w in self.windows if w.fault.kind == "pause"}
+
     def outage(self) -> bool:
         return any(window.fault.kind in OUTAGES for window in self.windows)
 

@@ -80,6 +80,10 @@ class Fleet:
     def live(self) -> list[subprocess.Popen[bytes]]:
         return [process for process in self.slots if process.poll() is None]
 
+    def awake(self) -> list[subprocess.Popen[bytes]]:
+        """Live workers not frozen."""
+        return [process for process in self.live() if process.pid not in self.frozen]
+
     def kill(self, rng: random.Random) -> int | None:
         """SIGKILL a random live worker (frozen or not); its pid."""
         candidates = self.live()
