@@ -25,6 +25,7 @@ import itertools
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -78,6 +79,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # SIGTERM (a CI timeout, a test's) unwinds like an exception: workers and cluster go.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     from tests import clusters
     from tests.tcp_proxy import TcpProxy
 

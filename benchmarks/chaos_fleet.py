@@ -10,6 +10,7 @@ a violation). SIGSTOPped processes are tracked so that they are always resumed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
 import signal
@@ -20,6 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.config import REPO_ROOT
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In the worker's child process: SIGKILL it when the soak dies (even by SIGKILL, as a
+    test's timeout does), so no worker outlives the soak. Linux only, as the soak is."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -59,6 +69,7 @@ class Fleet:
                 cwd=REPO_ROOT,
                 stdout=log,
                 stderr=log,
+                preexec_fn=die_with_parent,
             )
 
     def supervise(self, now: float) -> list[Exit]:
