@@ -23,13 +23,15 @@ from pathlib import Path
 from benchmarks.config import REPO_ROOT
 
 PR_SET_PDEATHSIG = 1
+LIBC = ctypes.CDLL(None, use_errno=True)
+"""Loaded here, not in the child: between fork and exec (the proxy's threads run) the
+child only calls into it, taking no loader lock."""
 
 
 def die_with_parent() -> None:
     """In the worker's child process: SIGKILL it when the soak dies (even by SIGKILL, as a
     test's timeout does), so no worker outlives the soak. Linux only, as the soak is."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
