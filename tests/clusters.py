@@ -9,6 +9,12 @@ of its own with Debian's postgresql-common tools (`pg_createcluster`,
         url = cluster.url("venturi")
         cluster.restart()
 
+    with private_cluster("primary") as primary, private_standby("standby", primary) as standby:
+        primary.set_read_only()             # new transactions' writes fail with 25006
+        primary.wait_transactions_end(primary.clock())   # older ones can still commit
+        standby.wait_replayed(primary.wal_position())
+        standby.promote()
+
 A cluster's name carries the run's VENTURI_TEST_RUN, so two runs never share one,
 and a cluster of the same name left by a killed run is dropped first. Local
 connections are trusted (tests only); with `ssl=True` the server accepts TLS
@@ -25,7 +31,8 @@ import socket
 import subprocess
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -107,6 +114,41 @@ class Cluster:
 
     def create(self) -> None:
         """Make the cluster (dropping a stale one of the same name) and start it."""
+        self._make()
+        self.start()
+
+    def create_standby(self, primary: Cluster) -> None:
+        """Make the cluster a streaming standby of `primary` (`pg_basebackup -R`: its
+        data directory is the primary's, with `standby.signal` and `primary_conninfo`),
+        start it and wait until it streams. PostgreSQL 15's default `wal_level=replica`
+        and `max_wal_senders` are what a standby needs; the trusted pg_hba.conf lets it
+        replicate."""
+        self._make()
+        data = self.data_directory()
+        for entry in data.iterdir():  # pg_basebackup fills an empty directory, kept as made
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        run(
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            "pg_basebackup",
+            "--host=127.0.0.1",
+            f"--port={primary.port}",
+            "--username=postgres",
+            f"--pgdata={data}",
+            "--write-recovery-conf",
+            "--wal-method=stream",
+            "--checkpoint=fast",
+            "--no-sync",
+        )
+        self.start()
+        wait_for(lambda: bool(primary.execute(STREAMING)), f"{self.name} to stream")
+
+    def _make(self) -> None:
         clusters = existing_clusters()
         if self.name in clusters:
             self.drop()
@@ -135,7 +177,9 @@ class Cluster:
         # Debian's postgresql.conf reads conf.d/ last: these win over its defaults.
         lines = [f"{key} = {value}\n" for key, value in options.items()]
         (self.config_dir / "conf.d" / "venturi-tests.conf").write_text("".join(lines))
-        self.start()
+
+    def data_directory(self) -> Path:
+        return Path("/var/lib/postgresql") / VERSION / self.name
 
     def _ssl_options(self) -> dict[str, str]:
         cert, key = SNAKEOIL_CERT, SNAKEOIL_KEY
@@ -228,10 +272,73 @@ class Cluster:
     def create_database(self, dbname: str) -> None:
         self.execute(f'CREATE DATABASE "{dbname}"')
 
+    # ------------------------------------------------------------ failover
+
+    def promote(self) -> None:
+        """Promote a standby (`pg_promote()`, which waits until it accepts writes)."""
+        (promoted,) = self.execute("SELECT pg_promote(wait => true, wait_seconds => 60)")[0]
+        assert promoted, f"{self.name} was not promoted"
+
+    def set_read_only(self, read_only: bool = True) -> None:
+        """Make every new transaction read-only (`default_transaction_read_only`, reloaded:
+        open sessions take it too), so that writes are refused with SQLSTATE 25006 as a
+        demoted primary, or a managed database fenced for failover, refuses them."""
+        value = "on" if read_only else "off"
+        self.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
+        self.execute("SELECT pg_reload_conf()")
+
+    def clock(self) -> datetime:
+        """The server's clock now."""
+        value = self.execute("SELECT clock_timestamp()")[0][0]
+        assert isinstance(value, datetime)
+        return value
+
+    def wait_transactions_end(self, begun_before: datetime, timeout: float = START_TIMEOUT) -> None:
+        """Wait until no client's transaction begun before `begun_before` is open. After
+        `set_read_only`, the fence is complete then: a transaction begun earlier could still
+        write and commit, one begun later cannot."""
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+            f"AND pid <> pg_backend_pid() AND xact_start < '{begun_before.isoformat()}'"
+        )
+        wait_for(
+            lambda: self.execute(sql)[0][0] == 0,
+            f"{self.name}'s transactions begun before {begun_before} to end",
+            timeout,
+        )
+
+    def is_in_recovery(self) -> bool:
+        return bool(self.execute("SELECT pg_is_in_recovery()")[0][0])
+
+    def wal_position(self) -> str:
+        """The primary's current WAL position (for `wait_replayed`)."""
+        return str(self.execute("SELECT pg_current_wal_lsn()")[0][0])
+
+    def wait_replayed(self, position: str, timeout: float = START_TIMEOUT) -> None:
+        """Wait until this standby has replayed the primary's WAL up to `position`."""
+        wait_for(
+            lambda: bool(
+                self.execute(f"SELECT pg_last_wal_replay_lsn() >= '{position}'::pg_lsn")[0][0]
+            ),
+            f"{self.name} to replay up to {position}",
+            timeout,
+        )
+
     def log(self) -> str:
         """The server's log (what it said about restarts, refused connections...)."""
         path = Path("/var/log/postgresql") / f"postgresql-{VERSION}-{self.name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+STREAMING = "SELECT 1 FROM pg_stat_replication WHERE state = 'streaming'"
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
 
 
 def cluster_name(purpose: str) -> str:
@@ -246,6 +353,17 @@ def private_cluster(purpose: str, *, ssl: bool = False) -> Iterator[Cluster]:
     cluster = Cluster(cluster_name(purpose), ssl=ssl)
     try:
         cluster.create()
+        yield cluster
+    finally:
+        cluster.drop()
+
+
+@contextlib.contextmanager
+def private_standby(purpose: str, primary: Cluster) -> Iterator[Cluster]:
+    """A streaming standby of `primary` for the block (a private cluster); dropped at its end."""
+    cluster = Cluster(cluster_name(purpose))
+    try:
+        cluster.create_standby(primary)
         yield cluster
     finally:
         cluster.drop()

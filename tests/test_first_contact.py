@@ -27,7 +27,7 @@ from django_venturi.models import WorkerProcess
 from django_venturi.store.connections import BOUNDED_WAITS, connection_params
 from django_venturi.worker.process import Worker
 from tests import cluster_workers
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 from tests.tcp_proxy import TcpProxy, free_port
 
 PASSWORD = "s3cret-never-shown"
@@ -105,16 +105,17 @@ def test_a_worker_is_ready_only_once_its_database_answers(
             stdout=output,
             stderr=output,
         )
-    proxy = TcpProxy(port, ("127.0.0.1", 5432))
+    proxy: TcpProxy | None = None
     try:
         waiting = next_message(notify_socket)
         assert (
             waiting == f"STATUS=waiting for database {name!r} on 127.0.0.1:{port} (alias 'default')"
         )
-        assert "cannot reach database" in log.read_text()
+        # Its log goes through the worker's log thread: written a moment after.
+        wait_until(lambda: "cannot reach database" in log.read_text(), timeout=10)
         assert worker.poll() is None, "a long-running worker waits"
         assert not WorkerProcess.objects.exists(), "nor does it register"
-        proxy.start()  # the database is back
+        proxy = TcpProxy(("127.0.0.1", 5432), port=port).start()  # the database is back
         ready = next_message(notify_socket)
         assert ready.startswith("READY=1\nSTATUS=working:"), ready
         assert WorkerProcess.objects.filter(stopped_at__isnull=True).count() == 1
@@ -127,7 +128,8 @@ def test_a_worker_is_ready_only_once_its_database_answers(
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-        proxy.close()
+        if proxy is not None:
+            proxy.stop()
 
 
 @pytest.fixture

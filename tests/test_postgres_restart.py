@@ -64,7 +64,9 @@ def stuck_report(pool: WorkerPool, path: Path) -> str:
     return "\n".join([f"{rows.count()} jobs not completed:", *lines, pool.logs()[-6000:]])
 
 
-def check_the_journal(ids: set[int], ran: dict[int, list[int]]) -> collections.Counter[str]:
+def check_the_journal(
+    ids: set[int], ran: dict[int, list[int]], alias: str = ALIAS
+) -> collections.Counter[str]:
     """Every job completed once, and every run is accounted for by the entry closing its
     claim: the one `completed`, a `retry` (the database went away under the handler), or
     `lease_expired` (the claim was lost; a late result of it `discarded`).
@@ -73,10 +75,10 @@ def check_the_journal(ids: set[int], ran: dict[int, list[int]]) -> collections.C
     """
     entries: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
     for job_id, attempt, outcome in (
-        JournalEntry.objects.using(ALIAS).order_by("id").values_list("job_id", "attempt", "outcome")
+        JournalEntry.objects.using(alias).order_by("id").values_list("job_id", "attempt", "outcome")
     ):
         entries[job_id].append((attempt, outcome))
-    states = dict(Job.objects.using(ALIAS).values_list("id", "state"))
+    states = dict(Job.objects.using(alias).values_list("id", "state"))
     assert set(states) == ids
     assert not set(ran) - ids
     extra: collections.Counter[str] = collections.Counter()

@@ -1,0 +1,117 @@
+"""The test proxy (tests/tcp_proxy.py) forwards, cuts, blackholes and switches.
+
+Failover and the chaos soak trust it to fail the network as they say; these check
+each fault on plain sockets against two tagged echo servers, in well under a second.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.tcp_proxy import TcpProxy
+
+
+class Echo:
+    """A server answering every chunk with `tag` + the chunk."""
+
+    def __init__(self, tag: bytes) -> None:
+        self.tag = tag
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(client,), daemon=True).start()
+
+    def _echo(self, client: socket.socket) -> None:
+        with client:
+            try:
+                while data := client.recv(4096):
+                    client.sendall(self.tag + data)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[Echo, Echo]]:
+    first, second = Echo(b"1:"), Echo(b"2:")
+    yield first, second
+    first.listener.close()
+    second.listener.close()
+
+
+def ask(sock: socket.socket, text: bytes) -> bytes:
+    sock.sendall(text)
+    return sock.recv(4096)
+
+
+def connect(proxy: TcpProxy) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+
+
+def assert_reset(sock: socket.socket) -> None:
+    """The proxy cut `sock` with an RST (not a FIN, not silence)."""
+    sock.settimeout(5)
+    with pytest.raises(ConnectionResetError):
+        sock.recv(4096)
+    sock.close()
+
+
+def test_forwards_cuts_blackholes_and_switches(servers: tuple[Echo, Echo]) -> None:
+    first, second = servers
+    with TcpProxy(first.address) as proxy:
+        client = connect(proxy)
+        assert ask(client, b"hello") == b"1:hello"
+
+        # Cut: the client sees its connection reset (or closed), at once.
+        assert proxy.cut() == 1
+        assert_reset(client)
+
+        # Blackhole: nothing is closed, nothing answers; healed, the held bytes arrive.
+        client = connect(proxy)
+        assert ask(client, b"a") == b"1:a"
+        proxy.blackhole()
+        client.settimeout(0.3)
+        client.sendall(b"held")
+        with pytest.raises(TimeoutError):
+            client.recv(4096)
+        late = connect(proxy)  # a new connection waits too
+        late.settimeout(0.3)
+        late.sendall(b"parked")
+        with pytest.raises(TimeoutError):
+            late.recv(4096)
+        assert proxy.open_connections == 1
+        proxy.heal()
+        client.settimeout(5)
+        late.settimeout(5)
+        assert client.recv(4096) == b"1:held"
+        assert late.recv(4096) == b"1:parked"
+
+        # Switch: open connections are cut, new ones reach the other server.
+        proxy.switch(second.address)
+        assert_reset(client)
+        assert_reset(late)
+        fresh = connect(proxy)
+        assert ask(fresh, b"x") == b"2:x"
+
+        # Forget (a dead NAT): the client's socket stays open and silent; new ones work.
+        assert proxy.forget() == 1
+        fresh.settimeout(0.3)
+        fresh.sendall(b"lost")
+        with pytest.raises(TimeoutError):
+            fresh.recv(4096)
+        assert proxy.open_connections == 0
+        again = connect(proxy)
+        assert ask(again, b"y") == b"2:y"
+        again.close()
+        fresh.close()
+        assert proxy.accepted == 5
