@@ -21,11 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 import django_venturi as venturi
-from django_venturi.models import Job
+from django_venturi.models import Job, WorkerProcess
 from django_venturi.worker import log_queue
+from tests import cluster_workers
 from tests.conftest import ROOT, wait_until, worker_env
+from tests.tcp_proxy import TcpProxy
 from tests.testapp.control_tasks import IgnoresTimeout
 from tests.testapp.models import Record
 from tests.testapp.tasks import Noop, Sleeper
@@ -186,3 +189,37 @@ def test_a_stopping_worker_waiting_for_its_handlers_is_not_taken_for_stalled(
     assert "made no progress" not in log.read_text()
     job.refresh_from_db()
     assert job.state == venturi.State.COMPLETED, job.state
+
+
+def test_a_worker_whose_connections_never_answer_again_exits_non_zero(
+    processes: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """A dead NAT: every connection of the worker stays open and silent for ever (its
+    statements wait on sockets whose far end acknowledges and never answers; the
+    heartbeat's own among them). The liveness watch, which touches no database, sees
+    its parts stuck and the worker exits non-zero for its supervisor to restart it."""
+    name = connections["default"].settings_dict["NAME"]
+    port = connections["default"].settings_dict["PORT"] or 5432
+    with TcpProxy(("127.0.0.1", int(port))) as proxy:
+        settings = {"STALL_TIMEOUT": 2, "HEARTBEAT_INTERVAL": 0.5}
+        env = {
+            **cluster_workers.environment(f"postgres://postgres@127.0.0.1:{proxy.port}/{name}"),
+            "VENTURI_TEST_SETTINGS": json.dumps(settings),
+        }
+        log = tmp_path / "worker.log"
+        with log.open("wb") as output:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "django", "venturi_worker"],
+                env=env,
+                cwd=ROOT,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        processes.append(worker)
+        wait_until(lambda: " starting: " in log.read_text(), timeout=30, message="started")
+        wait_until(lambda: WorkerProcess.objects.exists(), timeout=30, message="registered")
+        assert proxy.forget() > 0, "the worker's connections went through the proxy"
+        Noop().enqueue()  # a wake-up its listener never hears, a claim it never gets
+        assert worker.wait(timeout=60) != 0
+    output = log.read_text()
+    assert "made no progress" in output, output[-3000:]

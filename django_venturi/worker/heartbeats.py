@@ -18,9 +18,9 @@ Every heartbeat interval, in this order, on the heartbeat's own connection:
 
 Runs whose row was locked are tried again soon, not a whole interval later.
 
-A beat speaks for the whole worker (`liveness.py`): before each, the heartbeat
-asks whether a part of the worker has stalled. If one has, it beats no more (no
-lease extended, no registry row refreshed) and tells the worker, which stops.
+A beat speaks for the whole worker (`liveness.py`): once a part of the worker
+has stalled (the heartbeat among them), it beats no more (no lease extended, no
+registry row refreshed), and the worker stops.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from django import db
 
 from django_venturi.store import leases, registration
 from django_venturi.worker.execution import Execution
-from django_venturi.worker.liveness import Progress, Stall
+from django_venturi.worker.liveness import HEARTBEAT, Progress
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.runs import Runs
 from django_venturi.worker.supervision import DatabaseHealth, Service, Streak
@@ -61,20 +61,17 @@ class Heartbeat(Service):
         orphan_watch: OrphanWatch | None = None,
         see_peers: Callable[[], None] | None = None,
         progress: Progress | None = None,
-        stall_timeout: float | None = None,
-        on_stall: Callable[[Stall], None] = lambda stall: None,
+        stalled: threading.Event | None = None,
         on_alive: Callable[[], object] = lambda: None,
     ) -> None:
         super().__init__()
         self.progress = progress or Progress()
-        self.stall_timeout = stall_timeout
-        self._on_stall = on_stall
+        self.stalled = stalled or threading.Event()
+        """Set when a part of the worker stalled: nothing is beaten any more."""
         self._on_alive = on_alive
         """Called at each turn while no part of the worker stalled, whether the database
         answers or not (systemd's watchdog: a frozen or stalled worker is restarted, one
         waiting out a database outage is not)."""
-        self.stalled: Stall | None = None
-        """The stall that ended this worker's beats, once one did."""
         self.alias = alias
         self.worker = worker
         self.runs = runs
@@ -93,9 +90,17 @@ class Heartbeat(Service):
         self._done.set()
 
     def loop(self) -> None:
+        with self.progress.watching(HEARTBEAT):
+            self._loop()
+
+    def _loop(self) -> None:
         wait = self.interval
-        while not self._done.wait(wait):
-            if self._has_stalled():
+        while True:
+            self.progress.waiting(HEARTBEAT)
+            if self._done.wait(wait):
+                return
+            self.progress.working(HEARTBEAT)
+            if self.stalled.is_set():
                 wait = self.interval
                 continue
             self._on_alive()
@@ -108,15 +113,6 @@ class Heartbeat(Service):
                 self.health.guarded(
                     self._orphan_watch.look_if_due, what="looking for jobs no worker can run"
                 )
-
-    def _has_stalled(self) -> bool:
-        """Whether a part of the worker stalled (now or before): then nothing is beaten.
-        Not while the database is away: every part waits on it then."""
-        if self.stalled is None and not self.health.is_down:
-            self.stalled = self.progress.stall(self.stall_timeout)
-            if self.stalled is not None:
-                self._on_stall(self.stalled)
-        return self.stalled is not None
 
     def beat(self) -> int:
         """One heartbeat; return how many held runs' rows were locked by others."""

@@ -8,13 +8,16 @@ taken by threads abandoned past their timeout would hold its runs for as long as
 it lived, while looking alive to `venturi_stats --check-workers` and to others.
 
 So each part the worker's runs depend on says when it is at work and when it is
-waiting (`Progress`): the claim loop and the results writer at each turn of their
-loops, the handler pool while it has no slot left. A part at work for longer than
-`VENTURI["STALL_TIMEOUT"]` without coming round is stalled: the heartbeat then
-stops extending leases and beating, and the worker stops with a failure (it hands
-back the runs it has not started and exits non-zero, for its supervisor to start
-a new one). What it holds but cannot hand back, its leases hand back: they are
-no longer extended, so other workers recover those runs when they run out.
+waiting (`Progress`): the claim loop, the results writer and the heartbeat at each
+turn of their loops, the handler pool while it has no slot left. A thread of its
+own that touches no database (`Watch`) looks every second: a part at work for
+longer than `VENTURI["STALL_TIMEOUT"]` without coming round is stalled (the
+heartbeat itself may be the one stuck, in a statement on a connection that will
+never answer). The heartbeat then stops extending leases and beating, and the
+worker stops with a failure (it hands back the runs it has not started and exits
+non-zero, for its supervisor to start a new one). What it holds but cannot hand
+back, its leases hand back: they are no longer extended, so other workers
+recover those runs when they run out.
 
 Waiting for the database is not a stall: while the database is away the parts
 wait on it, and the heartbeat cannot beat either.
@@ -22,14 +25,19 @@ wait on it, and the heartbeat cannot beat either.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 CLAIM_LOOP = "claim loop"
 RESULTS_WRITER = "results writer"
 HANDLER_POOL = "handler pool"
+HEARTBEAT = "heartbeat"
+WATCH_EVERY = 1.0
+"""Seconds between two looks of the watch (at most a quarter of the bound)."""
 
 
 @dataclass(frozen=True)
@@ -77,3 +85,41 @@ class Progress:
             return None
         seconds, part = max(busy)
         return Stall(part, seconds) if seconds > bound else None
+
+
+class Watch:
+    """A thread that looks at `progress` and calls `on_stall` once, at the first stall.
+    Not while `database_down()`: every part waits on the database then."""
+
+    def __init__(
+        self,
+        progress: Progress,
+        *,
+        bound: timedelta | None,
+        database_down: Callable[[], bool],
+        on_stall: Callable[[Stall], None],
+    ) -> None:
+        self.progress = progress
+        self.bound = None if bound is None else bound.total_seconds()
+        self._database_down = database_down
+        self._on_stall = on_stall
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._look, name="venturi-liveness", daemon=True)
+
+    def start(self) -> None:
+        if self.bound is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _look(self) -> None:
+        assert self.bound is not None
+        every = min(WATCH_EVERY, self.bound / 4)
+        while not self._done.wait(every):
+            if self._database_down():
+                continue
+            stall = self.progress.stall(self.bound)
+            if stall is not None:
+                self._on_stall(stall)
+                return

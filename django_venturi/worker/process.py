@@ -54,7 +54,7 @@ from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
 from django_venturi.worker.heartbeats import Heartbeat
 from django_venturi.worker.listener import Listener, listener_alias
-from django_venturi.worker.liveness import Progress, Stall
+from django_venturi.worker.liveness import Progress, Stall, Watch
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.pause_watch import PauseWatch
 from django_venturi.worker.results import ResultsWriter
@@ -70,10 +70,6 @@ logger = logging.getLogger("django_venturi.worker")
 
 STALL_EXIT_WAIT = 10.0
 """Seconds a stalled worker's shutdown may take before the process ends anyway."""
-
-
-def _seconds(duration: timedelta | None) -> float | None:
-    return None if duration is None else duration.total_seconds()
 
 
 class WorkerFailed(RuntimeError):
@@ -136,6 +132,13 @@ class Worker:
         self.runs = Runs()
         self.progress = Progress()
         """Where each part of the worker is: the heartbeat beats only while they progress."""
+        self._stalled_event = threading.Event()
+        self.liveness = Watch(
+            self.progress,
+            bound=venturi_settings.STALL_TIMEOUT,
+            database_down=lambda: self.health.is_down,
+            on_stall=self._stalled,
+        )
         self.health = DatabaseHealth(worker=self.name, alias=self.database)
         self.events = RunEvents(self.name, sender=Worker)
         self.results = ResultsWriter(
@@ -169,8 +172,7 @@ class Worker:
             orphan_watch=self.orphan_watch,
             see_peers=self._see_peers,
             progress=self.progress,
-            stall_timeout=_seconds(venturi_settings.STALL_TIMEOUT),
-            on_stall=self._stalled,
+            stalled=self._stalled_event,
             on_alive=systemd.watchdog,
         )
         listening = connections[self.database].vendor == "postgresql"
@@ -301,6 +303,7 @@ class Worker:
             service.on_death = self._wake.set
             service.start()
         self.handlers.start()
+        self.liveness.start()
         self._watchdog = Watchdog(
             executing=self.runs.executing, abandon=self.handlers.abandon, stopped=self._force
         )
@@ -341,11 +344,12 @@ class Worker:
         return True
 
     def _stalled(self, stall: Stall) -> None:
-        """A part of the worker stalled (from the heartbeat): stop, and exit non-zero.
+        """A part of the worker stalled (from the liveness watch): stop, and exit non-zero.
 
         Its leases are extended no more. The runs not started are handed back; if the
         shutdown itself cannot end (the stalled part is the one it waits for), the
         process ends after STALL_EXIT_WAIT seconds, and the leases hand back the rest."""
+        self._stalled_event.set()
         self._failure = f"{stall}; stopping so that a supervisor starts a fresh worker"
         logger.critical(
             "worker %s stops: %s (STALL_TIMEOUT); its leases are no longer extended",
@@ -433,6 +437,7 @@ class Worker:
         if self.results.died() or self.results.is_alive():
             self._release_directly()
         self.heartbeat.stop()
+        self.liveness.stop()
         self._wait_for(self.heartbeat)
         self.handlers.stop()
         self.health.guarded(
@@ -463,7 +468,7 @@ class Worker:
         """Join a service; if it died, what it held is left to lease recovery. After a
         stall, for STALL_EXIT_WAIT seconds at most: it may be the stalled part."""
         if service.started:
-            service.join(STALL_EXIT_WAIT if self.heartbeat.stalled is not None else None)
+            service.join(STALL_EXIT_WAIT if self._stalled_event.is_set() else None)
         if service.died():
             self._service_died()
 
