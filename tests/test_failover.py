@@ -114,6 +114,7 @@ def refusals(cluster: clusters.Cluster, since: int) -> int:
     return cluster.log()[since:].count(REFUSED)
 
 
+@pytest.mark.thorough  # two clusters and a drain: about 20 s
 def test_workers_carry_on_after_a_failover_to_a_promoted_standby(
     pair: Pair, tmp_path: Path
 ) -> None:
