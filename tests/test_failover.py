@@ -115,9 +115,14 @@ def refusals(cluster: clusters.Cluster, since: int) -> int:
 
 
 @pytest.mark.thorough  # two clusters and a drain: about 20 s
+@pytest.mark.parametrize("cut", [True, False], ids=["address-moves", "name-moves"])
 def test_workers_carry_on_after_a_failover_to_a_promoted_standby(
-    pair: Pair, tmp_path: Path
+    pair: Pair, tmp_path: Path, cut: bool
 ) -> None:
+    """`address-moves`: a virtual IP moves to the new primary and every open connection
+    is reset. `name-moves`: a DNS name points to the new primary, and open connections
+    stay with the old one, which refuses their writes for as long as they last: every
+    connection of the worker (handler threads' and the listener's too) must leave it."""
     primary, standby, proxy = pair.primary, pair.standby, pair.proxy
     path = tmp_path / "runs.log"
     jobs = venturi.enqueue_many([Journalled(path=str(path), sleep=0.05)] * JOBS, using=ALIAS)
@@ -147,7 +152,7 @@ def test_workers_carry_on_after_a_failover_to_a_promoted_standby(
         assert running_at_promotion > 0, "no job was running at the promotion"
         assert completed_at_promotion < JOBS - 300, "too little left to fail over"
         refused = refusals(primary, log_offset)
-        proxy.switch(("127.0.0.1", standby.port))
+        proxy.switch(("127.0.0.1", standby.port), cut=cut)
         switched = time.monotonic()
         connections[ALIAS].close()  # its connection was cut with the workers'
         wait_until(

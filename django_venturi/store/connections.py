@@ -96,11 +96,28 @@ class JobConnections:
         return [wrapper for wrapper in self._wrappers if wrapper.connection is not None]
 
     def _tidy(self) -> None:
-        """Django's end-of-request step, with CONN_MAX_AGE = 0 read as "keep"."""
+        """Django's end-of-request step, with CONN_MAX_AGE = 0 read as "keep", and a
+        connection that had an error closed if its server no longer takes writes."""
         for wrapper in self._open():
             if wrapper.settings_dict.get("CONN_MAX_AGE") == 0:
                 wrapper.close_at = None
+            if wrapper.errors_occurred and _read_only_now(wrapper):
+                wrapper.close()
+                continue
             wrapper.close_if_unusable_or_obsolete()
+
+
+def _read_only_now(wrapper: BaseDatabaseWrapper) -> bool:
+    """After an error on this connection: is its server one that refuses writes (a
+    demoted primary after a failover, a standby)? Django would keep it, since it still
+    answers `SELECT 1`, and every job of this thread would fail on it until a restart;
+    closed, the next job reconnects and follows the failover."""
+    if wrapper.vendor != "postgresql" or wrapper.in_atomic_block:
+        return False
+    try:
+        return not _accepts_writes(wrapper)
+    except db.DatabaseError:
+        return False  # unusable: Django's own check closes it
 
 
 def _wrappers_of_this_thread() -> list[BaseDatabaseWrapper]:

@@ -73,6 +73,7 @@ class Listener:
         self.session = session
         self.connected = threading.Event()
         self._stopped = threading.Event()
+        self._renew = threading.Event()
         self._params = connection_params(alias)
         self._thread = threading.Thread(target=self._run, name="venturi-listener", daemon=True)
 
@@ -82,6 +83,13 @@ class Listener:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=WAIT_SLICE + 1)
+
+    def renew(self) -> None:
+        """Connect again (within WAIT_SLICE): after the worker's database was away or took
+        no writes, the server this connection reaches may no longer be the primary (a
+        failover behind a DNS name or a virtual IP leaves open connections where they
+        were), and notifications are sent on the new one."""
+        self._renew.set()
 
     def _deliver(self, channel: str, payload: str | None) -> None:
         callback = self.channels.get(channel)
@@ -114,7 +122,8 @@ class Listener:
                     failures = 0
                     for channel in self.channels:
                         self._deliver(channel, None)
-                    while not self._stopped.is_set():
+                    self._renew.clear()
+                    while not self._stopped.is_set() and not self._renew.is_set():
                         # One at a time: the session may look between two of them.
                         for notify in connection.notifies(timeout=WAIT_SLICE, stop_after=1):
                             self._deliver(notify.channel, notify.payload)

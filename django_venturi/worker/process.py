@@ -323,6 +323,7 @@ class Worker:
                     else ListenerLocks(self.wake_order, wake=self._wake_claimer)
                 ),
             )
+            self.health.on_back = self._listener.renew  # a failover may have left it behind
             self._listener.start()
 
     def _service_died(self) -> bool:

@@ -63,6 +63,8 @@ class DatabaseHealth:
         """When the worker last said it is without the database."""
         self.on_database_error: Callable[[], None] = lambda: None
         """Called at every error that may have broken a connection (any thread's)."""
+        self.on_back: Callable[[], None] = lambda: None
+        """Called once the database is back after it was lost (or took no writes)."""
 
     @property
     def is_down(self) -> bool:
@@ -175,6 +177,7 @@ class DatabaseHealth:
         with self._lock:
             since, self._down_since = self._down_since, None
         if since is not None:
+            self.on_back()
             systemd.status("working")
             logger.warning(
                 "worker %s reconnected after %.1f s",
