@@ -220,6 +220,8 @@ class ResultsWriter(Service):
                     self.alias, self.events.worker, verdicts, wait_for_keys=False
                 )
             except KeysBusy as busy:
+                if not busy.verdicts:
+                    raise  # nothing to hold back: never loop on it
                 self._hold_back(busy.verdicts)
                 held = {id(verdict) for verdict in busy.verdicts}
                 verdicts = [verdict for verdict in verdicts if id(verdict) not in held]
