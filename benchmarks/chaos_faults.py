@@ -31,6 +31,7 @@ from django.db import DatabaseError, connections
 
 from benchmarks.chaos_fleet import Fleet
 from benchmarks.chaos_producer import Producer
+from django_venturi.worker.process import STALL_EXIT_WAIT
 
 FAULTS = {
     "kill": 3,
@@ -48,6 +49,13 @@ PAUSABLE = ("chaos.plain", "chaos.slow", "chaos.limited", "chaos.atomic")
 GAP = (1.0, 4.0)
 """Seconds between two faults."""
 RETRY_END = 0.5
+SOAK_STALL_TIMEOUT = 10.0
+"""The workers' `STALL_TIMEOUT` (bench_project/chaos_settings.py)."""
+WEDGED_RECOVERY = SOAK_STALL_TIMEOUT + STALL_EXIT_WAIT + 10.0
+"""After a dead NAT every worker is wedged on connections that never answer (through
+this proxy even TCP keepalives are answered): each stops once its liveness watch sees
+it stalled (`STALL_TIMEOUT`), ends its process at most `STALL_EXIT_WAIT` later, and
+its replacement starts. Until then the database counts as not yet given back."""
 """Seconds before ending a window again when the database refused (a resume)."""
 STOP_DEADLINE = 120.0
 
@@ -162,7 +170,8 @@ class Injector:
         window.fault.ended = time.time()
         self.windows.remove(window)
         if window.fault.kind in OUTAGES:
-            self.healthy_since = time.monotonic()
+            wedged = WEDGED_RECOVERY if window.fault.kind == "dead_nat" else 0.0
+            self.healthy_since = time.monotonic() + wedged
         return True
 
     # ------------------------------------------------------------ the faults

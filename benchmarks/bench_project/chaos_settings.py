@@ -13,5 +13,5 @@ from benchmarks.bench_project.settings import *  # noqa: F403
 # exits non-zero well within the soak's bound on silent workers (30 s).
 VENTURI = {
     "TASK_MODULES": ["benchmarks.bench_project.benchapp.chaos_tasks"],
-    "STALL_TIMEOUT": 10,
+    "STALL_TIMEOUT": 10,  # chaos_faults.SOAK_STALL_TIMEOUT
 }
