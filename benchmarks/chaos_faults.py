@@ -31,7 +31,7 @@ from django.db import DatabaseError, connections
 
 from benchmarks.chaos_fleet import Fleet
 from benchmarks.chaos_producer import Producer
-from django_venturi.worker.process import STALL_EXIT_WAIT
+from django_venturi.worker.liveness import STALL_EXIT_WAIT
 
 FAULTS = {
     "kill": 3,

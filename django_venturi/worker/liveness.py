@@ -36,6 +36,8 @@ CLAIM_LOOP = "claim loop"
 RESULTS_WRITER = "results writer"
 HANDLER_POOL = "handler pool"
 HEARTBEAT = "heartbeat"
+STALL_EXIT_WAIT = 10.0
+"""Seconds a stalled worker's shutdown may take before the process ends anyway."""
 WATCH_EVERY = 1.0
 """Seconds between two looks of the watch (at most a quarter of the bound)."""
 

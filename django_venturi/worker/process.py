@@ -54,7 +54,7 @@ from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
 from django_venturi.worker.heartbeats import Heartbeat
 from django_venturi.worker.listener import Listener, listener_alias
-from django_venturi.worker.liveness import Progress, Stall, Watch
+from django_venturi.worker.liveness import STALL_EXIT_WAIT, Progress, Stall, Watch
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.pause_watch import PauseWatch
 from django_venturi.worker.results import ResultsWriter
@@ -66,10 +66,6 @@ from django_venturi.worker.timeouts import Watchdog
 from django_venturi.worker.wake_order import ListenerLocks, WakeOrder
 
 logger = logging.getLogger("django_venturi.worker")
-
-
-STALL_EXIT_WAIT = 10.0
-"""Seconds a stalled worker's shutdown may take before the process ends anyway."""
 
 
 class WorkerFailed(RuntimeError):
