@@ -368,6 +368,7 @@ CHAOS_MAX_SECONDS = 35
 CHAOS_HANDLER_SLEEP = 0.05
 
 
+@pytest.mark.thorough  # 20 s; CI's chaos soak (benchmarks/chaos.py) kills workers too
 @pytest.mark.django_db(transaction=True, databases=["default"])
 def test_chaos_every_job_completes_and_every_attempt_is_accounted_for(
     workers: Workers, tmp_path: Path

@@ -191,6 +191,7 @@ def test_a_stopping_worker_waiting_for_its_handlers_is_not_taken_for_stalled(
     assert job.state == venturi.State.COMPLETED, job.state
 
 
+@pytest.mark.thorough  # 13 s; CI's chaos soak forgets connections (dead NAT) too
 def test_a_worker_whose_connections_never_answer_again_exits_non_zero(
     processes: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
