@@ -19,8 +19,12 @@ non-zero, for its supervisor to start a new one). What it holds but cannot hand
 back, its leases hand back: they are no longer extended, so other workers
 recover those runs when they run out.
 
-Waiting for the database is not a stall: while the database is away the parts
-wait on it, and the heartbeat cannot beat either.
+Waiting for the database is not a stall: a part whose step failed waits between
+its tries, and says so. A statement or a connection attempt that hangs past the
+bound is one, whatever the cause (the worker's connections give up sooner by
+themselves: `connect_timeout` 10 s, `tcp_user_timeout` 30 s, see `connections.py`):
+a fresh process connects again. No exception is made while the database is said to
+be away, since the part that would say it is back may be the one stuck.
 """
 
 from __future__ import annotations
@@ -90,20 +94,17 @@ class Progress:
 
 
 class Watch:
-    """A thread that looks at `progress` and calls `on_stall` once, at the first stall.
-    Not while `database_down()`: every part waits on the database then."""
+    """A thread that looks at `progress` and calls `on_stall` once, at the first stall."""
 
     def __init__(
         self,
         progress: Progress,
         *,
         bound: timedelta | None,
-        database_down: Callable[[], bool],
         on_stall: Callable[[Stall], None],
     ) -> None:
         self.progress = progress
         self.bound = None if bound is None else bound.total_seconds()
-        self._database_down = database_down
         self._on_stall = on_stall
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._look, name="venturi-liveness", daemon=True)
@@ -119,8 +120,6 @@ class Watch:
         assert self.bound is not None
         every = min(WATCH_EVERY, self.bound / 4)
         while not self._done.wait(every):
-            if self._database_down():
-                continue
             stall = self.progress.stall(self.bound)
             if stall is not None:
                 self._on_stall(stall)

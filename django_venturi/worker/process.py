@@ -132,7 +132,6 @@ class Worker:
         self.liveness = Watch(
             self.progress,
             bound=venturi_settings.STALL_TIMEOUT,
-            database_down=lambda: self.health.is_down,
             on_stall=self._stalled,
         )
         self.health = DatabaseHealth(worker=self.name, alias=self.database)
