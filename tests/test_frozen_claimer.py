@@ -87,6 +87,24 @@ def caps_lock_held_elsewhere() -> Iterator[None]:
         other.close()
 
 
+def limited_jobs_done_within_the_bound(holder: int, others: dict[str, list[Job]]) -> list[Job]:
+    """The holder's statement ends and its backend waits idle in transaction, the lock
+    held; the capped and rate-limited jobs complete within the bound of that wait, and
+    the server has ended the holder's session. Returns those jobs."""
+    wait_until(
+        lambda: backend_state(holder) == "idle in transaction",
+        timeout=10,
+        message="the statement to end",
+    )
+    idle_since = time.monotonic()
+    assert caps_lock_holder() == holder
+    limited = others["capped"] + others["rated"]
+    wait_until(lambda: completed(limited), timeout=HOLD + SLACK, message="limited jobs")
+    assert time.monotonic() - idle_since < HOLD + SLACK
+    assert backend_state(holder) is None  # the server ended the holder's session
+    return limited
+
+
 def test_a_claim_beside_the_caps_lock_holder_takes_other_kinds_at_once() -> None:
     venturi.enqueue_many([Noop(n=i) for i in range(3)])
     venturi.enqueue_many([Capped() for _ in range(3)])
@@ -266,17 +284,7 @@ def test_a_worker_frozen_holding_the_caps_lock_holds_up_no_other_claim(
             assert caps_lock_holder() == holder
             # The statement has ended; the frozen worker cannot COMMIT: its backend waits,
             # idle in transaction, the lock held, until the server ends it.
-            wait_until(
-                lambda: backend_state(holder) == "idle in transaction",
-                timeout=10,
-                message="the statement to end",
-            )
-            idle_since = time.monotonic()
-            assert caps_lock_holder() == holder
-            limited = others["capped"] + others["rated"]
-            wait_until(lambda: completed(limited), timeout=HOLD + SLACK, message="limited jobs")
-            assert time.monotonic() - idle_since < HOLD + SLACK
-            assert backend_state(holder) is None  # the server ended the frozen session
+            limited = limited_jobs_done_within_the_bound(holder, others)
             assert frozen.poll() is None
         finally:
             frozen.send_signal(signal.SIGCONT)
@@ -349,17 +357,7 @@ def test_a_worker_lost_holding_the_caps_lock_holds_up_no_other_claim(
         wait_until(lambda: completed(others["plain"]), timeout=10, message="plain jobs")
         # The server never learns that the worker is gone: its backend ends the
         # statement and waits for the next one, the lock held, until its bound.
-        wait_until(
-            lambda: backend_state(holder) == "idle in transaction",
-            timeout=10,
-            message="the statement to end",
-        )
-        idle_since = time.monotonic()
-        assert caps_lock_holder() == holder
-        limited = others["capped"] + others["rated"]
-        wait_until(lambda: completed(limited), timeout=HOLD + SLACK, message="limited jobs")
-        assert time.monotonic() - idle_since < HOLD + SLACK
-        assert backend_state(holder) is None
+        limited = limited_jobs_done_within_the_bound(holder, others)
         # The lost claim was rolled back: a new worker for the queue runs its job.
         assert Job.objects.get(pk=trap.pk).state == venturi.State.READY
         workers.start("default", "--queues", "trap")
