@@ -162,22 +162,41 @@ def test_racing_claims_never_pass_a_global_cap() -> None:
 
 @contextlib.contextmanager
 def trapped_claim(job: Job) -> Iterator[None]:
-    """The first claim of `job` sleeps `TRAP_SLEEP` seconds inside its claim statement,
-    while it holds the caps lock (every claim of the test suite's workers takes it: some
-    registered kinds are capped or rate-limited); later claims of it do not."""
+    """The first claim of `job` that holds the caps lock sleeps `TRAP_SLEEP` seconds
+    inside its claim statement (every claim of the test suite's workers tries to take
+    the lock: some registered kinds are capped or rate-limited); later claims of it do
+    not. A claim that found the lock taken by another worker's claim leaves the job
+    alone (the row is not updated), so that a later one springs the trap."""
+    holds_caps_lock = (
+        "EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND granted "
+        "AND locktype = 'advisory' AND objsubid = 1 "
+        f"AND classid::bigint = {CAPS_LOCK_KEY >> 32} "
+        f"AND objid::bigint = {CAPS_LOCK_KEY & 0xFFFFFFFF})"
+    )
+    with sleep_trap(f"OLD.id = {int(job.pk)} AND NEW.state = 'running'", only_if=holds_caps_lock):
+        yield
+
+
+@contextlib.contextmanager
+def sleep_trap(when: str, *, only_if: str = "TRUE") -> Iterator[None]:
+    """The first update of a job row that matches `when` (a trigger's WHEN condition on
+    OLD and NEW) in a statement for which `only_if` holds sleeps `TRAP_SLEEP` seconds
+    inside that statement; later updates do not. Until then, an update for which
+    `only_if` does not hold is skipped (the row stays as it was)."""
     table = connection.ops.quote_name(Job._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute("CREATE SEQUENCE venturi_test_trap_seq")
         cursor.execute(
             "CREATE FUNCTION venturi_test_trap() RETURNS trigger LANGUAGE plpgsql AS $$ "
             "BEGIN "
+            f"IF NOT (SELECT is_called FROM venturi_test_trap_seq) AND NOT {only_if} "
+            "THEN RETURN NULL; END IF; "
             f"IF nextval('venturi_test_trap_seq') = 1 THEN PERFORM pg_sleep({TRAP_SLEEP}); "
             "END IF; RETURN NEW; END $$"
         )
         cursor.execute(
             f"CREATE TRIGGER venturi_test_trap BEFORE UPDATE ON {table} FOR EACH ROW "
-            f"WHEN (OLD.id = {int(job.pk)} AND NEW.state = 'running') "
-            "EXECUTE FUNCTION venturi_test_trap()"
+            f"WHEN ({when}) EXECUTE FUNCTION venturi_test_trap()"
         )
     try:
         yield

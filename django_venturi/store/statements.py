@@ -32,12 +32,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 from django_venturi.conf import venturi_settings
 
@@ -86,6 +89,18 @@ would apply to the project's statements instead."""
 
 WORKER_SESSION = (NO_JIT, CUSTOM_PLANS, *PLANNER_DEFAULTS)
 """The settings of the worker's statements but the lean claim."""
+
+OWN_TRANSACTIONS_BOUNDED: Setting = ("idle_in_transaction_session_timeout", "5s")
+"""On the connections of the worker's own loops (claiming, recovering, writing results,
+heartbeats; never a handler's, whose transactions are the project's): a worker frozen
+in the middle of one of its transactions (SIGSTOP, a paused VM, a host gone without a
+word) holds that transaction's row and key locks for at most 5 s after its last
+statement; the server then ends its session and the transaction rolls back. Without
+it, recovery and dependency resolution in every other worker waited on those locks
+for as long as the freeze lasted. The worker's transactions send their statements
+back to back, so only a stalled client reaches the bound, and what it rolls back is
+recovered (a claim's jobs by their lease, a verdict by the check of the journal that
+follows a lost answer)."""
 
 CLAIM_SESSION = (NO_JIT, GENERIC_PLAN, *INDEX_SCANS)
 """The settings of the lean claim. Its connection runs little else: the worker's
@@ -313,6 +328,34 @@ def prime_session(alias: str, session: Sequence[Setting]) -> None:
         link = _link(raw)
         if not _pooled(raw, link):
             _set_session(raw, link, session)
+
+
+@contextmanager
+def own_transactions_bounded(alias: str) -> Iterator[None]:
+    """Within the block, this thread's connection to `alias` runs with
+    `OWN_TRANSACTIONS_BOUNDED`: an open connection is set now (once per connection), one
+    the block opens is set as it connects. So the bound costs no round trip of its own:
+    a step that never reaches the database does not connect for it."""
+    if connections[alias].connection is not None:
+        prime_session(alias, (OWN_TRANSACTIONS_BOUNDED,))
+    outer = getattr(_bounding, "alias", None)
+    _bounding.alias = alias
+    try:
+        yield
+    finally:
+        _bounding.alias = outer
+
+
+_bounding = threading.local()
+"""The alias whose new connections `own_transactions_bounded` sets, per thread."""
+
+
+def _bound_as_it_connects(sender: object, connection: Any, **kwargs: object) -> None:
+    if getattr(_bounding, "alias", None) == connection.alias:
+        prime_session(connection.alias, (OWN_TRANSACTIONS_BOUNDED,))
+
+
+connection_created.connect(_bound_as_it_connects, dispatch_uid="venturi-own-transactions")
 
 
 def reset_planner(alias: str) -> None:

@@ -34,7 +34,7 @@ from django import db
 
 from django_venturi import signals
 from django_venturi.states import JournalOutcome
-from django_venturi.store import lost_answers, progress
+from django_venturi.store import lost_answers, progress, statements
 from django_venturi.store import verdicts as verdicts_module
 from django_venturi.store.claim import RunKey
 from django_venturi.store.completion import AppliedRun, write_runs
@@ -214,18 +214,19 @@ class ResultsWriter(Service):
         """Write the verdicts, holding back those whose dedup key another session holds
         (`KeysBusy`); return the verdicts written and the runs applied. What is left to
         write is `self._pending` all along, so that a failure writes one by one only that."""
-        while verdicts:
-            try:
-                return verdicts, write_runs(
-                    self.alias, self.events.worker, verdicts, wait_for_keys=False
-                )
-            except KeysBusy as busy:
-                if not busy.verdicts:
-                    raise  # nothing to hold back: never loop on it
-                self._hold_back(busy.verdicts)
-                held = {id(verdict) for verdict in busy.verdicts}
-                verdicts = [verdict for verdict in verdicts if id(verdict) not in held]
-                self._pending = verdicts
+        with statements.own_transactions_bounded(self.alias):
+            while verdicts:
+                try:
+                    return verdicts, write_runs(
+                        self.alias, self.events.worker, verdicts, wait_for_keys=False
+                    )
+                except KeysBusy as busy:
+                    if not busy.verdicts:
+                        raise  # nothing to hold back: never loop on it
+                    self._hold_back(busy.verdicts)
+                    held = {id(verdict) for verdict in busy.verdicts}
+                    verdicts = [verdict for verdict in verdicts if id(verdict) not in held]
+                    self._pending = verdicts
         return [], set()
 
     def _hold_back(self, verdicts: Sequence[Verdict]) -> None:

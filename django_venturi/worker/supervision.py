@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from django import db
 
+from django_venturi.store import statements
 from django_venturi.store.connections import (
     DATABASE_ERRORS,
     close_broken_connections,
@@ -74,11 +75,13 @@ class DatabaseHealth:
     def guarded(
         self, action: Callable[[], T], *, what: str, streak: Streak | None = None
     ) -> T | None:
-        """Run a step of a loop; on any error log it, mend this thread's connections and
-        return None. `streak` counts the loop's failures in a row (pass one to pace retries)."""
+        """Run a step of a loop, its transactions bounded (`statements.own_transactions_bounded`);
+        on any error log it, mend this thread's connections and return None. `streak` counts
+        the loop's failures in a row (pass one to pace retries)."""
         streak = streak or Streak()
         try:
-            result = action()
+            with statements.own_transactions_bounded(self.alias):
+                result = action()
         except Exception as error:
             streak.count += 1
             self.failed(error, what=what, repeated=streak.count > 1)
