@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -171,3 +172,28 @@ def wait_until(condition: Callable[[], Any], *, timeout: float = 30, message: st
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {message or condition}")
         time.sleep(0.02)
+
+
+def in_thread(target: Callable[..., Any], *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `target(*args)` in a thread with its own connections; return (thread, result box)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = target(*args)
+        except BaseException as error:  # reported by the test, not lost in the thread
+            box["error"] = error
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def result_of(thread: threading.Thread, box: dict[str, Any], timeout: float = 10) -> Any:
+    thread.join(timeout)
+    assert not thread.is_alive(), "the thread is still blocked"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

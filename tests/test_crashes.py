@@ -14,10 +14,8 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -33,7 +31,7 @@ from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
 from django_venturi.store.completion import write_verdicts
 from django_venturi.store.connections import connection_params
 from django_venturi.store.scheduling import TierClock
-from tests.conftest import Workers, wait_until
+from tests.conftest import Workers, in_thread, result_of, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -140,31 +138,6 @@ def expire_lease(alias: str, job_id: int) -> None:
     """Make the job's lease run out a minute ago (far beyond any clock skew)."""
     past = timezone.now() - timedelta(minutes=1)
     assert Job.objects.using(alias).filter(pk=job_id).update(lease_expires_at=past) == 1
-
-
-def in_thread(target: Callable[..., Any], *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    """Run `target(*args)` in a thread with its own connections; return (thread, result box)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = target(*args)
-        except BaseException as error:  # reported by the test, not lost in the thread
-            box["error"] = error
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
-
-
-def result_of(thread: threading.Thread, box: dict[str, Any], timeout: float = 10) -> Any:
-    thread.join(timeout)
-    assert not thread.is_alive(), "the thread is still blocked"
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 def lock_waiters() -> int:

@@ -6,7 +6,7 @@ its handler threads were all abandoned past their timeout (no slot left for the
 jobs it had already taken). Now logging goes through a bounded queue that drops
 lines rather than blocking, and a worker whose handler pool, results writer or
 claim loop stalls past `STALL_TIMEOUT` stops extending its leases, hands back the
-runs it has not started, and exits non-zero.
+runs it has not started, and exits non-zero; so does one stuck in a start-up step.
 """
 
 from __future__ import annotations
@@ -21,13 +21,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connections
+from django.test import override_settings
 
 import django_venturi as venturi
 from django_venturi.models import Job, WorkerProcess
 from django_venturi.worker import log_queue
+from django_venturi.worker.process import Worker, WorkerFailed
 from tests import cluster_workers
-from tests.conftest import ROOT, wait_until, worker_env
+from tests.conftest import ROOT, in_thread, result_of, wait_until, worker_env
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.control_tasks import IgnoresTimeout
 from tests.testapp.models import Record
@@ -224,3 +227,38 @@ def test_a_worker_whose_connections_never_answer_again_exits_non_zero(
         assert worker.wait(timeout=60) != 0
     output = log.read_text()
     assert "made no progress" in output, output[-3000:]
+
+
+def test_a_worker_stuck_in_a_start_up_step_stops_looking_alive(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Between the services' start and the claim loop the worker registers and takes
+    its first look for orphan kinds. A statement of those that never returns (its
+    connection forgotten by a dead NAT as it ran, say) left a worker registered and
+    beating that never claimed: nothing watched the start-up. It stalls as a loop does."""
+    stuck = threading.Event()
+    release = threading.Event()
+
+    def hangs() -> list[object]:
+        stuck.set()
+        release.wait(60)
+        return []
+
+    quick_stall = {**django_settings.VENTURI, "STALL_TIMEOUT": 1, "HEARTBEAT_INTERVAL": 0.3}
+    with override_settings(VENTURI=quick_stall):
+        worker = Worker(database="default", concurrency=1)
+        worker.orphan_watch.look_at_start = hangs  # type: ignore[method-assign]
+        thread, box = in_thread(worker.run)
+        try:
+            assert stuck.wait(30), "the worker reached its first look"
+            wait_until(
+                lambda: "its start-up made no progress" in caplog.text,
+                timeout=30,
+                message="the stall, while the step still hangs",
+            )
+        finally:
+            release.set()
+            worker.stop(force=True)  # a no-op once it stalled
+            thread.join(timeout=60)
+    with pytest.raises(WorkerFailed, match="its start-up made no progress"):
+        result_of(thread, box)

@@ -9,7 +9,9 @@ it lived, while looking alive to `venturi_stats --check-workers` and to others.
 
 So each part the worker's runs depend on says when it is at work and when it is
 waiting (`Progress`): the claim loop, the results writer and the heartbeat at each
-turn of their loops, the handler pool while it has no slot left. A thread of its
+turn of their loops, the handler pool while it has no slot left, and the worker's
+start-up steps (a statement of theirs that hangs would otherwise keep a registered,
+beating worker from ever claiming). A thread of its
 own that touches no database (`Watch`) looks every second: a part at work for
 longer than `VENTURI["STALL_TIMEOUT"]` without coming round is stalled (the
 heartbeat itself may be the one stuck, in a statement on a connection that will
@@ -40,6 +42,8 @@ CLAIM_LOOP = "claim loop"
 RESULTS_WRITER = "results writer"
 HANDLER_POOL = "handler pool"
 HEARTBEAT = "heartbeat"
+START_UP = "start-up"
+"""The steps between the services' start and the claim loop's (registering, the first look)."""
 STALL_EXIT_WAIT = 10.0
 """Seconds a stalled worker's shutdown may take before the process ends anyway."""
 WATCH_EVERY = 1.0

@@ -54,7 +54,7 @@ from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
 from django_venturi.worker.heartbeats import Heartbeat
 from django_venturi.worker.listener import Listener, listener_alias
-from django_venturi.worker.liveness import STALL_EXIT_WAIT, Progress, Stall, Watch
+from django_venturi.worker.liveness import STALL_EXIT_WAIT, START_UP, Progress, Stall, Watch
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.pause_watch import PauseWatch
 from django_venturi.worker.results import ResultsWriter
@@ -252,10 +252,11 @@ class Worker:
         # that never ran must not be listed as live.
         telemetry.install(database=self.database)
         self._start_services()
-        self.health.guarded(self._register, what="registering the worker")
-        self.health.guarded(
-            self.orphan_watch.look_at_start, what="looking for jobs no worker can run"
-        )
+        with self.progress.watching(START_UP):  # watched as the loops are: it may hang too
+            self.health.guarded(self._register, what="registering the worker")
+            self.health.guarded(
+                self.orphan_watch.look_at_start, what="looking for jobs no worker can run"
+            )
         queues = ",".join(self.queues) if self.queues else "*"
         systemd.ready(status=f"working: queues={queues} concurrency={self.concurrency}")
         try:
