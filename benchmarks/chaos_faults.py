@@ -105,7 +105,8 @@ class Injector:
         self.next_at = time.monotonic() + rng.uniform(*GAP)
         self.origin = time.time()
         self.healthy_since = time.monotonic()
-        """When the database was last given back (the end of the last outage)."""
+        """When the database was last given back (the end of the last outage); see
+        `_given_back`."""
         self.skipped = 0
         self.faults_over: float | None = None
         """When the chaos ended (wall clock)."""
@@ -171,8 +172,14 @@ class Injector:
         self.windows.remove(window)
         if window.fault.kind in OUTAGES:
             wedged = WEDGED_RECOVERY if window.fault.kind == "dead_nat" else 0.0
-            self.healthy_since = time.monotonic() + wedged
+            self._given_back(time.monotonic() + wedged)
         return True
+
+    def _given_back(self, moment: float) -> None:
+        """The database counts as given back at `moment`, or later if an earlier fault
+        said so: a restart right after a dead NAT does not unwedge the workers it left
+        on forgotten flows (the server's closes never reach them)."""
+        self.healthy_since = max(self.healthy_since, moment)
 
     # ------------------------------------------------------------ the faults
 
@@ -191,7 +198,7 @@ class Injector:
         self.cluster.restart()
         connections.close_all()
         fault.ended = time.time()
-        self.healthy_since = time.monotonic()
+        self._given_back(time.monotonic())
 
     def _read_only(self) -> None:
         seconds = self.rng.uniform(2, 6)
