@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import django_venturi as venturi
 from tests.testapp.models import Record
@@ -131,4 +132,21 @@ class Once(venturi.Task):
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         append_run(ctx, self.path)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="soak.gated", max_attempts=1)
+@dataclasses.dataclass
+class Gated(venturi.Task):
+    """Records its run, then holds its handler until the file `gate` exists (60 s at
+    most) and completes: its verdict is written at the moment a test chooses."""
+
+    path: str
+    gate: str
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        append_run(ctx, self.path)
+        deadline = time.monotonic() + 60
+        while not Path(self.gate).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return venturi.Outcome.completed()
