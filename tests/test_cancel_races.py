@@ -239,6 +239,20 @@ def _new_job(alias: str, rng: random.Random) -> int:
     return int(job.pk)
 
 
+RACED_PATHS = ("paused", "retry", "lease_expired")
+"""The runs the cancels must race with: a checkpoint, a retry, a recovery."""
+
+
+def _one_that_took(alias: str, pool: list[int], outcome: str) -> int | None:
+    """A job of `pool` with a run journalled `outcome`, if one has."""
+    return (
+        JournalEntry.objects.using(alias)
+        .filter(job_id__in=pool, outcome=outcome)
+        .values_list("job_id", flat=True)
+        .first()
+    )
+
+
 def stress_cancels(alias: str, workers: Workers, tries: int, seed: int) -> Counter[str]:
     """Fire `tries` cancels, one per job, at jobs workers keep moving between `running` and
     `ready`; check none is lost; return what the cancels and the runs did."""
@@ -248,9 +262,18 @@ def stress_cancels(alias: str, workers: Workers, tries: int, seed: int) -> Count
     pool = [_new_job(alias, rng) for _ in range(POOL)]
     running = Job.objects.using(alias).filter(state=venturi.State.RUNNING)
     wait_until(lambda: running.exclude(claimed_by=VANISHED).count() >= 8, timeout=60)
+    # Each path is raced for certain, not by chance (a loaded machine's workers may not
+    # have checkpointed, retried or recovered a job the random picks hit): the first
+    # cancels go to live jobs that have already taken one, and keep taking it.
+    wait_until(
+        lambda: all(_one_that_took(alias, pool, path) for path in RACED_PATHS),
+        timeout=60,
+        message=f"live jobs that took each of {RACED_PATHS}",
+    )
+    first = list(dict.fromkeys(_one_that_took(alias, pool, path) for path in RACED_PATHS))
     results: dict[int, venturi.CancelResult] = {}
-    for _ in range(tries):
-        job_id = pool.pop(rng.randrange(len(pool)))
+    for n in range(tries):
+        job_id = pool.pop(pool.index(first[n]) if n < len(first) else rng.randrange(len(pool)))
         results[job_id] = venturi.cancel(job_id, using=alias)
         pool.append(_new_job(alias, rng))
 
