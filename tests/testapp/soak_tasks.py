@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import django_venturi as venturi
 from tests.testapp.models import Record
-from tests.testapp.tasks import NO_WAIT, append_run
+from tests.testapp.tasks import NO_WAIT, append_run, wait_for_file
 
 MODULE = __name__
 """For the workers' TASK_MODULES (tests/cluster_workers.py)."""
@@ -146,7 +145,5 @@ class Gated(venturi.Task):
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         append_run(ctx, self.path)
-        deadline = time.monotonic() + 60
-        while not Path(self.gate).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_file(self.gate)
         return venturi.Outcome.completed()

@@ -224,6 +224,13 @@ def append_line(path: str, line: str) -> None:
         os.close(fd)
 
 
+def wait_for_file(path: str | os.PathLike[str], seconds: float = 60) -> None:
+    """Hold a handler until `path` exists (a test's gate), `seconds` at most."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def append_run(ctx: venturi.Context, path: str) -> None:
     """The side effect of a run: `job attempt pid` appended to `path` as one whole line."""
     append_line(path, f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import django_venturi as venturi
 from tests.testapp.models import Record
+from tests.testapp.tasks import wait_for_file
 
 
 @venturi.task(kind="tests.workflow.step")
@@ -68,7 +68,5 @@ class AtomicWrite(venturi.Task):
         if self.stall_in and ctx.attempt == 1:
             folder = Path(self.stall_in)
             (folder / "written").touch()
-            deadline = time.monotonic() + 60
-            while not (folder / "go").exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_for_file(folder / "go")
         return venturi.Outcome.completed(result=ctx.attempt)
