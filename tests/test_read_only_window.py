@@ -43,13 +43,6 @@ def cluster(django_db_blocker: DjangoDbBlocker) -> Iterator[clusters.Cluster]:
         yield cluster
 
 
-def set_read_only(cluster: clusters.Cluster, on: bool) -> None:
-    """Every transaction of every session read-only from now on (or no longer)."""
-    value = "on" if on else "off"
-    cluster.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
-    cluster.execute("SELECT pg_reload_conf()")
-
-
 def states() -> dict[str, int]:
     return dict(Job.objects.using(ALIAS).values_list("state").annotate(n=Count("id")))
 
@@ -68,7 +61,7 @@ def test_verdicts_refused_in_a_read_only_window_are_written_once_it_ends(
             timeout=60,
             message=f"{READ_ONLY_AT} jobs completed",
         )
-        set_read_only(cluster, True)
+        cluster.set_read_only(True)
         try:
             # The scenario: workers hold runs whose verdicts the server refuses.
             wait_until(
@@ -76,11 +69,14 @@ def test_verdicts_refused_in_a_read_only_window_are_written_once_it_ends(
                 timeout=WINDOW * 3,
                 message="a worker's write refused as read-only",
             )
+            # The fence: every session has the setting by now (the refusing one got it in
+            # the same round of signals), but a write begun before may still commit.
+            cluster.wait_transactions_end(cluster.clock())
             connections[ALIAS].close()
             completed_in_window = states().get(venturi.State.COMPLETED, 0)
             time.sleep(WINDOW)  # the fault's length, not a wait for the workers
         finally:
-            set_read_only(cluster, False)
+            cluster.set_read_only(False)
         assert states().get(venturi.State.COMPLETED, 0) == completed_in_window, (
             "a verdict was written while the server refused writes"
         )
