@@ -20,6 +20,7 @@ from django_venturi.conf import (
     MAX_DURATION,
     MAX_IDENTIFIER_BYTES,
     MAX_POLL_INTERVAL,
+    MAX_QUEUE_WEIGHT,
     MAX_SHUTDOWN_TIMEOUT,
     notify_channels,
     venturi_settings,
@@ -142,6 +143,12 @@ def check_settings(
             _valid_weights,
             "must be three positive ints (HIGH, NORMAL, LOW)",
             "venturi.E009",
+        ),
+        (
+            "QUEUE_WEIGHTS",
+            _valid_queue_weights,
+            f"must be a dict of queue names to whole numbers from 1 to {MAX_QUEUE_WEIGHT}",
+            "venturi.E016",
         ),
         (
             "DEFAULT_QUEUE",
@@ -277,6 +284,13 @@ def _valid_weights(value: Any) -> bool:
         isinstance(value, list | tuple)
         and len(value) == 3
         and all(_is_positive_int(v) for v in value)
+    )
+
+
+def _valid_queue_weights(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        _valid_queue(queue) and _is_positive_int(weight) and weight <= MAX_QUEUE_WEIGHT
+        for queue, weight in value.items()
     )
 
 

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_TIMEOUT": timedelta(seconds=30),
     "NOTIFY_CHANNEL": "venturi",
     "PRIORITY_WEIGHTS": (6, 3, 1),
+    "QUEUE_WEIGHTS": {},
     "PREPARED_STATEMENTS": True,
     "TIMEOUT_GRACE": timedelta(seconds=10),
     "TESTING_EAGER": False,
@@ -51,6 +52,9 @@ MAX_CONCURRENCY = 1000
 each is a thread, and a busy one holds a database connection."""
 MAX_BATCH_SIZE = 10_000
 """The most jobs one claim takes (`BATCH_SIZE`, `--batch-size`)."""
+MAX_QUEUE_WEIGHT = 1000
+"""The largest weight of a queue in `QUEUE_WEIGHTS` (a share of 1000 to 1 is already
+all of a worker's claims but one in a thousand)."""
 MAX_POLL_INTERVAL = timedelta(hours=1)
 """The longest `POLL_INTERVAL` (`--poll-interval`): an idle worker looks at least this often."""
 MAX_SHUTDOWN_TIMEOUT = timedelta(days=1)
@@ -169,6 +173,12 @@ class VenturiSettings:
         """Claim slots given to HIGH, NORMAL and LOW when all three have work."""
         high, normal, low = self._get("PRIORITY_WEIGHTS")
         return int(high), int(normal), int(low)
+
+    @property
+    def QUEUE_WEIGHTS(self) -> dict[str, int]:
+        """Queue -> its share of a worker's claims within a priority tier, among the
+        queues with due jobs; a queue not listed has weight 1 (equal turns)."""
+        return {str(queue): int(weight) for queue, weight in self._get("QUEUE_WEIGHTS").items()}
 
     @property
     def PREPARED_STATEMENTS(self) -> bool:

@@ -90,7 +90,7 @@ def _drain(
     from django_venturi.store.scheduling import TierClock
 
     wanted = registry.kinds() if kinds is None else [_kind_name(kind) for kind in kinds]
-    clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
+    clock = TierClock(venturi_settings.PRIORITY_WEIGHTS, venturi_settings.QUEUE_WEIGHTS)
     ran: list[Ran] = []
     while True:
         request = ClaimRequest(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -169,3 +170,17 @@ def test_the_claim_uses_the_partial_index_on_a_fresh_backlog() -> None:
     assert '"Seq Scan"' not in text
     assert plan[0]["Execution Time"] < 50  # ms; a scan of 100k rows plus sort costs far more
     assert Job.objects.filter(state=venturi.State.RUNNING).count() == 100
+
+
+@pytest.mark.parametrize("queues", [None, ["a", "b"]])
+def test_the_common_claim_fits_psycopgs_statement_cache(queues: list[str] | None) -> None:
+    # psycopg parses the placeholders of a longer statement again on every call: 0.15 ms
+    # of a claim's 0.45 ms of client time (claim_statement._compact).
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
+
+    from django_venturi.store.claim_statement import postgresql_statement
+
+    clock = TierClock((6, 3, 1), {"bulk": 1, "default": 4})
+    sql, params = postgresql_statement("default", request(queues=queues), clock, uuid.uuid4())
+    assert len(sql.encode()) <= MAX_CACHED_STATEMENT_LENGTH
+    assert len(params) <= MAX_CACHED_STATEMENT_PARAMS

@@ -114,7 +114,8 @@ SELECT pg_try_advisory_xact_lock(%(key)s),
 def claim(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID | None = None
 ) -> Claimed:
-    """Claim up to `request.limit` due jobs, weighted across priority tiers, under a
+    """Claim up to `request.limit` due jobs, weighted across priority tiers and the
+    queues within each tier (`scheduling.py`), under a
     fresh claim token (or `token`: a caller that must be able to hand back a claim
     whose answer it never got chooses it, see `leases.release_unanswered`)."""
     request = _without_full_kinds(request)
@@ -126,28 +127,38 @@ def claim(
     else:
         jobs = Claimed(claim_orm(alias, request, clock, token))
     ordered = Claimed(_in_turn_order(jobs, clock), counted_later=jobs.counted_later)
-    clock.record((job.priority for job in ordered), limit=request.limit)
+    clock.record(((job.priority, job.queue) for job in ordered), limit=request.limit)
     return ordered
 
 
 def _in_turn_order(jobs: list[ClaimedJob], clock: TierClock) -> list[ClaimedJob]:
-    """The jobs in the order of their weighted turns (enqueue order within a tier).
+    """The jobs in the order of their weighted turns (enqueue order within a queue).
 
     A worker runs a batch in the order given; with large batches (short jobs,
     deep buffer) enqueue order would run all of a batch's HIGH jobs before its
-    LOW ones, while the turns interleave the tiers 6:3:1 as the claim chose them.
+    LOW ones, and an older queue's jobs before a newer one's, while the turns
+    interleave the tiers 6:3:1 and the queues as the claim chose them.
     """
     ordered = sorted(jobs, key=lambda job: job.id)
-    if len({job.priority for job in ordered}) <= 1:
-        return ordered  # one tier: its turns follow enqueue order
-    by_tier: dict[int, list[ClaimedJob]] = {}
+    if len({(job.priority, job.queue) for job in ordered}) <= 1:
+        return ordered  # one queue of one tier: its turns follow enqueue order
+    by_queue: dict[tuple[int, str], list[ClaimedJob]] = {}
     for job in ordered:
-        by_tier.setdefault(job.priority, []).append(job)
-    turns = [
-        (turn, tier, job.id, job)
-        for tier, group in by_tier.items()
-        for turn, job in zip(clock.turns(tier, len(group)), group, strict=True)
-    ]
+        by_queue.setdefault((job.priority, job.queue), []).append(job)
+    by_tier: dict[int, list[tuple[float, int, ClaimedJob]]] = {}
+    for (tier, queue), group in by_queue.items():
+        queue_turns = clock.queue_turns(tier, queue, len(group))
+        by_tier.setdefault(tier, []).extend(
+            (turn, job.id, job) for turn, job in zip(queue_turns, group, strict=True)
+        )
+    turns: list[tuple[float, int, int, ClaimedJob]] = []
+    for tier, candidates in by_tier.items():
+        candidates.sort(key=lambda entry: entry[:2])
+        tier_turns = clock.turns(tier, len(candidates))
+        turns.extend(
+            (turn, tier, job.id, job)
+            for turn, (_, _, job) in zip(tier_turns, candidates, strict=True)
+        )
     return [job for _, _, _, job in sorted(turns, key=lambda entry: entry[:3])]
 
 

@@ -59,18 +59,11 @@ def claim_orm(
         if request.queues is not None:
             due = due.filter(queue__in=list(request.queues))
         due = rates.without_full_keys(due)
-        candidates: list[tuple[float, int, int, str, Any]] = []
-        for tier in TIERS:
-            rows = list(
-                due.filter(priority=tier)
-                .order_by("rank", "run_at", "id")
-                .values_list("id", "kind", "payload")[: request.limit]
-            )
-            turns = clock.turns(tier, len(rows))
-            candidates.extend(
-                (turn, tier, job_id, kind, payload)
-                for turn, (job_id, kind, payload) in zip(turns, rows, strict=True)
-            )
+        candidates = [
+            candidate
+            for tier in TIERS
+            for candidate in _tier_candidates(due.filter(priority=tier), tier, clock, request.limit)
+        ]
         chosen: list[int] = []
         for _, _, job_id, kind, payload in sorted(candidates, key=lambda entry: entry[:3]):
             if len(chosen) == request.limit:
@@ -101,6 +94,29 @@ def claim_orm(
             claim_sent=sent,
         )
         for job in jobs
+    ]
+
+
+def _tier_candidates(
+    due: QuerySet[Job], tier: int, clock: TierClock, limit: int
+) -> list[tuple[float, int, int, str, Any]]:
+    """The first `limit` due jobs of each queue in a tier, with their tier turns (taken
+    in the order of their queue turns, as the PostgreSQL statement does)."""
+    queues = due.order_by().values_list("queue", flat=True).distinct()
+    in_queue_turns: list[tuple[float, int, datetime, int, str, Any]] = []
+    for queue in sorted(queues):
+        rows = list(
+            due.filter(queue=queue)
+            .order_by("rank", "run_at", "id")
+            .values_list("rank", "run_at", "id", "kind", "payload")[:limit]
+        )
+        queue_turns = clock.queue_turns(tier, queue, len(rows))
+        in_queue_turns.extend((turn, *row) for turn, row in zip(queue_turns, rows, strict=True))
+    in_queue_turns.sort(key=lambda entry: entry[:4])
+    tier_turns = clock.turns(tier, len(in_queue_turns))
+    return [
+        (turn, tier, job_id, kind, payload)
+        for turn, (_, _, _, job_id, kind, payload) in zip(tier_turns, in_queue_turns, strict=True)
     ]
 
 

@@ -100,12 +100,50 @@ keyed_exhausted(kinds) AS (
 )
 """
 
-_CLAIM_SQL = """
-WITH RECURSIVE
-served(queue) AS ({served}),
+_TURNS = """
+-- Weighted turns (`scheduling.py`): each tier's clock and stride, and the clock and
+-- stride of each queue this worker keeps a clock for or that has a weight, per
+-- tier (any other queue's clock is -1 and its stride 1).
 tiers(priority, clock, stride) AS (
     SELECT * FROM unnest(%(tiers)s::smallint[], %(clocks)s::float8[], %(strides)s::float8[])
 ),
+queue_clocks(priority, queue, clock, stride) AS (
+    SELECT * FROM unnest(%(queue_tiers)s::smallint[], %(queue_names)s::text[],
+                         %(queue_clocks)s::float8[], %(queue_strides)s::float8[])
+)"""
+
+# The turn values of a slot, the same for each of its candidates.
+_SLOT_TURNS = """tiers.clock AS tier_clock, tiers.stride AS tier_stride,
+    coalesce(queue_clocks.clock, -1.0::float8) AS queue_clock,
+    coalesce(queue_clocks.stride, 1.0::float8) AS queue_stride"""
+
+_SLOT_JOINS = """JOIN tiers ON tiers.priority = slots.priority
+    LEFT JOIN queue_clocks ON queue_clocks.priority = slots.priority
+                          AND queue_clocks.queue = slots.queue"""
+
+_QUEUED = """
+-- Queue turns: the k-th candidate of a queue in a tier comes at its clock + k * its
+-- stride; a queue's clock starts a stride below the turn the tier reached.
+-- So the queues with due jobs share the tier's places (round robin at equal
+-- weights), and a flooded queue cannot hold back another queue's due jobs.
+queued AS (
+    SELECT *,
+           queue_clock + queue_stride * row_number() OVER (
+               PARTITION BY priority, queue ORDER BY rank, run_at, id) AS queue_turn
+    FROM pool
+)"""
+
+# Tier turns: the k-th candidate of a tier, in the order of the queue turns, comes at
+# the tier's clock + k * its stride.
+_TIER_TURN = (
+    "tier_clock + tier_stride * row_number() OVER ("
+    "PARTITION BY priority ORDER BY queue_turn, rank, run_at, id)"
+)
+
+_CLAIM_SQL = """
+WITH RECURSIVE
+served(queue) AS ({served}),
+{tiers},
 -- Room left under each capped kind. Counting here is exact because claims of
 -- capped kinds hold the caps advisory lock, taken before this statement began.
 room(kind, room) AS (
@@ -136,9 +174,9 @@ eligible(kinds) AS (
 -- not grow with the backlog. SKIP LOCKED passes over rows that another worker
 -- is claiming right now instead of waiting for it.
 pool AS (
-    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, c.rate_key, tiers.clock, tiers.stride
+    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, {slot_turns}
     FROM slots
-    JOIN tiers ON tiers.priority = slots.priority
+    {slot_joins}
     CROSS JOIN LATERAL (
         SELECT id, kind, priority, rank, run_at,
                -- The value a keyed rate limit counts this job's start under.
@@ -168,12 +206,10 @@ pool AS (
         FOR UPDATE SKIP LOCKED
     ) AS c
 ),
--- Weighted turns: the k-th candidate of a tier comes at clock + k * stride.
+{queued},
 ranked AS (
-    SELECT id, kind, priority, rate_key,
-           clock + stride * row_number() OVER (PARTITION BY priority ORDER BY rank, run_at, id)
-               AS turn
-    FROM pool
+    SELECT id, kind, priority, rate_key, {tier_turn} AS turn
+    FROM queued
 ),
 -- A capped kind contributes no more candidates than its room; a rate-limited
 -- kind no more than each key's room and, all limited kinds together, than
@@ -246,9 +282,7 @@ RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carr
 _CLAIM_UNLIMITED_SQL = """
 WITH RECURSIVE
 served(queue) AS ({served}),
-tiers(priority, clock, stride) AS (
-    SELECT * FROM unnest(%(tiers)s::smallint[], %(clocks)s::float8[], %(strides)s::float8[])
-),
+{tiers},
 {paused},
 eligible(kinds) AS (
     SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
@@ -258,9 +292,9 @@ eligible(kinds) AS (
 -- As in the full claim: the due jobs of each slot in claim order, skipping rows
 -- another worker is claiming right now.
 pool AS (
-    SELECT c.id, c.kind, c.priority, c.rank, c.run_at, tiers.clock, tiers.stride
+    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, {slot_turns}
     FROM slots
-    JOIN tiers ON tiers.priority = slots.priority
+    {slot_joins}
     CROSS JOIN LATERAL (
         SELECT id, kind, priority, rank, run_at
         FROM {table}
@@ -278,16 +312,20 @@ pool AS (
         FOR UPDATE SKIP LOCKED
     ) AS c
 ),
+{queued},
 ranked AS (
-    SELECT id, kind, priority,
-           clock + stride * row_number() OVER (PARTITION BY priority ORDER BY rank, run_at, id)
-               AS turn
-    FROM pool
+    SELECT id, kind, priority, {tier_turn} AS turn
+    FROM queued
 ),
+-- With one slot (one queue and tier: the common case) its candidates, at most
+-- `limit`, are the claim, and the turns order nothing: the one-time filters skip
+-- their sorts (a few per cent of a claim of 500 jobs).
 chosen AS (
-    SELECT id, kind FROM ranked
-    ORDER BY turn, priority
-    LIMIT %(limit)s
+    SELECT id, kind FROM pool WHERE (SELECT count(*) FROM slots) = 1
+    UNION ALL
+    (SELECT id, kind FROM ranked WHERE (SELECT count(*) FROM slots) > 1
+     ORDER BY turn, priority
+     LIMIT %(limit)s)
 ),
 {claim_tail}"""
 
@@ -312,6 +350,11 @@ def _fragments(alias: str, listed_queues: bool) -> dict[str, str]:
         "rates": _RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
         "claim_tail": _CLAIM_TAIL.format(**tables),
+        "tiers": _TURNS,
+        "slot_turns": _SLOT_TURNS,
+        "slot_joins": _SLOT_JOINS,
+        "queued": _QUEUED,
+        "tier_turn": _TIER_TURN,
     }
 
 
@@ -320,7 +363,19 @@ def _claim_sql(alias: str, listed_queues: bool, limited: bool) -> str:
     """The claim statement: for given queues or all, with or without capped and
     rate-limited kinds (made once per shape: it is long to format)."""
     template = _CLAIM_SQL if limited else _CLAIM_UNLIMITED_SQL
-    return template.format(**_fragments(alias, listed_queues))
+    return _compact(template.format(**_fragments(alias, listed_queues)))
+
+
+def _compact(sql: str) -> str:
+    """The statement on one line, without its comment lines and runs of spaces.
+
+    psycopg converts the `%(name)s` placeholders of every statement it runs, and
+    caches the conversion only for statements of at most 4,096 bytes: past that it
+    parses the whole text again on each call, which took 0.15 ms of the client's
+    0.45 ms per claim of 32 jobs. Compacted, the lean claim stays under the limit.
+    """
+    code = (line for line in sql.splitlines() if not line.strip().startswith("--"))
+    return " ".join(" ".join(code).split())  # no literal of the claim holds two spaces
 
 
 def _rate_params(request: ClaimRequest) -> dict[str, Any]:
@@ -330,6 +385,16 @@ def _rate_params(request: ClaimRequest) -> dict[str, Any]:
         "rate_seconds": [rule.limit.window_seconds for rule in request.rates],
         "rate_fields": [rule.limit.key for rule in request.rates],
         "keyed_kinds": [rule.kind for rule in request.rates if rule.limit.key is not None],
+    }
+
+
+def _queue_turn_params(clock: TierClock) -> dict[str, Any]:
+    tiers, queues, clocks, strides = clock.queue_offsets()
+    return {
+        "queue_tiers": tiers,
+        "queue_names": queues,
+        "queue_clocks": clocks,
+        "queue_strides": strides,
     }
 
 
@@ -343,6 +408,7 @@ def postgresql_statement(
         "tiers": list(TIERS),
         "clocks": clock.offsets(),
         "strides": clock.strides,
+        **_queue_turn_params(clock),
         "kinds": list(request.kinds),
         "lease_seconds": [lease.total_seconds() for lease in request.leases],
         "limit_kinds": [limit.kind for limit in request.limits],

@@ -109,7 +109,7 @@ class Claimer:
         self._make_execution = make_execution
         self._service_died = service_died
         self.pause_watch = pause_watch
-        self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS)
+        self._clock = TierClock(venturi_settings.PRIORITY_WEIGHTS, venturi_settings.QUEUE_WEIGHTS)
         self.rescue_interval = venturi_settings.RESCUE_INTERVAL.total_seconds()
         self._streak = Streak()
         self._listening = listening
