@@ -45,10 +45,10 @@ def admin_dsn(dbname: str = "postgres") -> str:
     )
 
 
-def env(sink: Path | None = None, *, limited: bool = False) -> dict[str, str]:
+def env(sink: Path | None = None, *, limited: bool = False, dbname: str = DBNAME) -> dict[str, str]:
     values = dict(os.environ)
     values["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), values.get("PYTHONPATH", "")])
-    values["VENTURI_BENCH_DB"] = DBNAME
+    values["VENTURI_BENCH_DB"] = dbname
     values["DJANGO_SETTINGS_MODULE"] = SETTINGS
     values.pop("VENTURI_BENCH_RATE_LIMITED", None)
     if limited:
@@ -58,12 +58,15 @@ def env(sink: Path | None = None, *, limited: bool = False) -> dict[str, str]:
     return values
 
 
-def fresh_database() -> None:
+def fresh_database(dbname: str = DBNAME) -> None:
     with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DBNAME}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DBNAME}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
     subprocess.run(
-        [sys.executable, "-m", "django", "migrate", "-v", "0"], env=env(), check=True, cwd=REPO_ROOT
+        [sys.executable, "-m", "django", "migrate", "-v", "0"],
+        env=env(dbname=dbname),
+        check=True,
+        cwd=REPO_ROOT,
     )
 
 
@@ -133,10 +136,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        default=list(VARIANTS),
+        help="comma-separated, of: " + ", ".join(VARIANTS),
+    )
     options = parser.parse_args()
-    results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in VARIANTS}
+    variants = [variant for variant in VARIANTS if variant in options.variants]
+    results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}
     for round_number in range(options.rounds):
-        for variant in VARIANTS:
+        for variant in variants:
             results[variant].append(drain(variant, options.n))
             rate, per_job = results[variant][-1]
             print(
@@ -146,16 +156,16 @@ def main() -> None:
             )
     with psycopg.connect(admin_dsn(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{DBNAME}" WITH (FORCE)')
-    plain = statistics.median(rate for rate, _ in results["plain"])
+    first = statistics.median(rate for rate, _ in results[variants[0]])
     print(
-        f"| variant ({options.n:,} jobs, median of {options.rounds}) | jobs/s | vs plain "
+        f"| variant ({options.n:,} jobs, median of {options.rounds}) | jobs/s | vs {variants[0]} "
         "| transactions per job |"
     )
     print("|---|---:|---:|---:|")
-    for variant in VARIANTS:
+    for variant in variants:
         rate = statistics.median(rate for rate, _ in results[variant])
         per_job = statistics.median(per_job for _, per_job in results[variant])
-        print(f"| {variant} | {rate:,.0f} | {rate / plain:.2f} | {per_job:.3f} |")
+        print(f"| {variant} | {rate:,.0f} | {rate / first:.2f} | {per_job:.3f} |")
 
 
 if __name__ == "__main__":
