@@ -34,6 +34,7 @@ from django_venturi.models import Job
 from django_venturi.periodic import _declared, schedules
 from django_venturi.signals import job_finished
 from django_venturi.tasks_backend import frameworks
+from django_venturi.testing import drain
 from django_venturi.worker.process import Worker
 from django_venturi.worker.scheduler import Scheduler
 from docs.examples import (
@@ -197,6 +198,17 @@ def test_rate_limits_and_pausing(workers: Workers) -> None:
         Job.objects.filter(pk__in=[job.pk for job in acme]).values_list("started_at", flat=True)
     )
     assert starts[5] - starts[0] >= timedelta(seconds=1)
+
+
+def test_fair_queues_share_claims_by_weight() -> None:
+    scheduling.import_spreadsheet(300)
+    venturi.enqueue_many([enqueueing.SendReceipt(user_id=i, amount_cents=1) for i in range(8)])
+    with override_settings(VENTURI={**settings.VENTURI, **scheduling.FAIR_QUEUES}):
+        ran = drain()
+    assert len(ran) == 308
+    receipt = "docs.send_receipt"
+    # The import was first (its jobs are older); then four receipts per import row.
+    assert [run.kind == receipt for run in ran[:10]] == [False, *[True] * 4, False, *[True] * 4]
 
 
 def test_queues_priorities_delays(workers: Workers) -> None:

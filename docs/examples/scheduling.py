@@ -38,3 +38,24 @@ def schedule_reports(report_ids: list[int]) -> list[Job]:
 
 
 # [schedule end]
+
+
+# [fair queues]
+@venturi.task(kind="docs.import_row", queue="imports")
+@dataclasses.dataclass
+class ImportRow(venturi.Task):
+    row: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
+def import_spreadsheet(rows: int) -> list[Job]:
+    """A big import: its jobs queue up in `imports`, where they cannot hold back the
+    jobs of other queues (the workers give each queue with due jobs its turns)."""
+    return venturi.enqueue_many([ImportRow(row=row) for row in range(rows)])
+
+
+# settings.py: four receipts for each import row while both queues have due jobs
+FAIR_QUEUES = {"QUEUE_WEIGHTS": {"imports": 1, "emails": 4}}
+# [fair queues end]
