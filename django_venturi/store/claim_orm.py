@@ -104,7 +104,7 @@ def _tier_candidates(
     in the order of their queue turns, as the PostgreSQL statement does)."""
     queues = due.order_by().values_list("queue", flat=True).distinct()
     in_queue_turns: list[tuple[float, int, datetime, int, str, Any]] = []
-    for queue in sorted(queues):
+    for queue in queues:  # the turns order the candidates, not this loop
         rows = list(
             due.filter(queue=queue)
             .order_by("rank", "run_at", "id")

