@@ -17,6 +17,7 @@ from django_venturi.registry import RegistrationError, UnknownKind
 from django_venturi.states import JournalOutcome, Priority, State
 from django_venturi.store.backoff import Fibonacci
 from django_venturi.store.cancel import CancelResult, cancel
+from django_venturi.store.concurrency import Concurrency
 from django_venturi.store.dedup import Existing, Merge
 from django_venturi.store.dependencies import UnknownDependency
 from django_venturi.store.journal import history
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CancelResult",
+    "Concurrency",
     "Context",
     "Existing",
     "Fibonacci",

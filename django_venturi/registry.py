@@ -13,6 +13,7 @@ from django.apps import apps
 from django_venturi.payloads import codec
 from django_venturi.states import Priority
 from django_venturi.store.backoff import Fibonacci
+from django_venturi.store.concurrency import Concurrency
 from django_venturi.store.rate_limits import RateLimit
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -58,7 +59,8 @@ class TaskSpec:
     give_up_after: timedelta | None
     backoff: Fibonacci
     lease: timedelta | None
-    concurrency: int | None
+    concurrency: Concurrency | None
+    """Running jobs of the kind at once, across all workers (per key, with one)."""
     carry: Any
     timeout: timedelta | None = None
     """How long one run may take before it is asked to stop (see worker timeouts)."""

@@ -23,6 +23,7 @@ from django_venturi.registry import (
 )
 from django_venturi.states import Priority
 from django_venturi.store.backoff import Fibonacci
+from django_venturi.store.concurrency import Concurrency
 from django_venturi.store.dependencies import AfterFailure, check_after_failure, dependency_ids
 from django_venturi.store.rate_limits import RateLimit
 
@@ -144,7 +145,7 @@ def task(
     give_up_after: timedelta | None = None,
     backoff: Fibonacci | None = None,
     lease: timedelta | None = None,
-    concurrency: int | None = None,
+    concurrency: int | Concurrency | None = None,
     carry: Any = None,
     timeout: timedelta | None = None,
     rate_limit: RateLimit | None = None,
@@ -163,7 +164,7 @@ def task(
     give_up_after: timedelta | None = None,
     backoff: Fibonacci | None = None,
     lease: timedelta | None = None,
-    concurrency: int | None = None,
+    concurrency: int | Concurrency | None = None,
     carry: Any = None,
     timeout: timedelta | None = None,
     rate_limit: RateLimit | None = None,
@@ -229,7 +230,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
             "for Django Tasks jobs; choose another kind="
         )
     _check_positive(name, "max_attempts", options["max_attempts"])
-    _check_positive(name, "concurrency", options["concurrency"])
+    concurrency = _concurrency(target, name, options["concurrency"])
     for field in ("give_up_after", "lease", "timeout"):
         value = options[field]
         if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
@@ -248,7 +249,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
         give_up_after=options["give_up_after"],
         backoff=options["backoff"] or Fibonacci(),
         lease=options["lease"],
-        concurrency=options["concurrency"],
+        concurrency=concurrency,
         carry=options["carry"],
         timeout=options["timeout"],
         rate_limit=options["rate_limit"],
@@ -269,10 +270,31 @@ def _check_rate_limit(target: type, name: str, rate_limit: object) -> None:
             f"{name}: rate_limit must be a venturi.RateLimit(N, per=timedelta(...)), "
             f"got {rate_limit!r}"
         )
-    fields = {field.name for field in dataclasses.fields(target)}
-    if rate_limit.key is not None and rate_limit.key not in fields:
+    if rate_limit.key is not None:
+        _check_payload_field(target, name, "rate_limit key", rate_limit.key)
+
+
+def _concurrency(target: type, name: str, value: object) -> Concurrency | None:
+    """The task's cap: `concurrency=N` is `Concurrency(N)`; a key must be a payload field."""
+    if value is None or isinstance(value, Concurrency):
+        cap = value
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        cap = Concurrency(value)
+    else:
         raise RegistrationError(
-            f"{name}: rate_limit key {rate_limit.key!r} is not a field of the payload "
+            f"{name}: concurrency must be a positive int, a venturi.Concurrency(N, key=...) "
+            f"or None, got {value!r}"
+        )
+    if cap is not None and cap.key is not None:
+        _check_payload_field(target, name, "concurrency key", cap.key)
+    return cap
+
+
+def _check_payload_field(target: type, name: str, what: str, field: str) -> None:
+    fields = {field.name for field in dataclasses.fields(target)}
+    if field not in fields:
+        raise RegistrationError(
+            f"{name}: {what} {field!r} is not a field of the payload "
             f"(fields: {', '.join(sorted(fields)) or 'none'})"
         )
 

@@ -44,11 +44,11 @@ assert RATED is not None
 
 
 def request(
-    *kinds: str, limit: int = 50, rate_room: int | None = None, worker: str = "w1"
+    *kinds: str, limit: int = 50, start_room: int | None = None, worker: str = "w1"
 ) -> ClaimRequest:
     chosen = list(kinds)
     caps = [
-        KindLimit(kind, global_cap=cap, local_room=None)
+        KindLimit(kind, global_cap=cap.limit, local_room=None, key=cap.key)
         for kind in chosen
         if (cap := registry.get(kind).concurrency) is not None
     ]
@@ -65,7 +65,7 @@ def request(
         queues=None,
         limits=caps,
         rates=rates,
-        rate_room=rate_room,
+        start_room=start_room,
     )
 
 
@@ -172,9 +172,9 @@ def test_each_key_has_its_own_limit_and_full_keys_wait_out_of_the_way(alias: str
 def test_limited_jobs_take_only_the_idle_handler_slots(alias: str) -> None:
     venturi.enqueue_many([Rated(n=i) for i in range(5)], using=alias)
     venturi.enqueue_many([Noop(n=i) for i in range(5)], using=alias)
-    claimed = take(alias, request("tests.rated", "tests.noop", rate_room=2))
+    claimed = take(alias, request("tests.rated", "tests.noop", start_room=2))
     assert kinds_of(claimed) == ["tests.noop"] * 5 + ["tests.rated"] * 2
-    assert kinds_of(take(alias, request("tests.rated", rate_room=0))) == []
+    assert kinds_of(take(alias, request("tests.rated", start_room=0))) == []
 
 
 def test_a_retry_counts_as_a_start(alias: str) -> None:

@@ -57,8 +57,9 @@ from django.db import connections, transaction
 
 from django_venturi.payloads import stored
 from django_venturi.store import statements
+from django_venturi.store.claim_next_due import next_due_statement
 from django_venturi.store.claim_orm import claim_orm, upcoming_orm
-from django_venturi.store.claim_statement import next_due_statement, postgresql_statement
+from django_venturi.store.claim_statement import postgresql_statement
 from django_venturi.store.claim_types import (
     Claimed,
     ClaimedJob,

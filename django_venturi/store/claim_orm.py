@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +25,7 @@ from django.utils import timezone
 from django_venturi.models import Job, RateStart
 from django_venturi.states import State
 from django_venturi.store.claim_types import ClaimedJob, ClaimRequest, KindLimit, Upcoming
+from django_venturi.store.concurrency import field_text
 from django_venturi.store.pauses import paused_names
 from django_venturi.store.rate_limits import RateRule, key_value, next_opening
 from django_venturi.store.scheduling import TIERS, TierClock
@@ -39,11 +41,16 @@ def claim_orm(
         now = timezone.now()
         room = _room_orm(alias, request.limits)
         paused_queues, paused_kinds = paused_names(alias)
-        rates = _RatesOrm(alias, request, now)
+        starts = _StartRoom(request)
+        rates = _RatesOrm(alias, request, now, starts)
+        keys = _CapKeysOrm(alias, request, starts)
         kinds = [
             kind
             for kind in request.kinds
-            if room.get(kind, 1) > 0 and kind not in paused_kinds and rates.may_take(kind)
+            if room.get(kind, 1) > 0
+            and kind not in paused_kinds
+            and rates.may_take(kind)
+            and keys.may_take(kind)
         ]
         running_same_key = Job.objects.using(alias).filter(
             state=State.RUNNING, kind=OuterRef("kind"), dedup_key=OuterRef("dedup_key")
@@ -58,7 +65,7 @@ def claim_orm(
         )
         if request.queues is not None:
             due = due.filter(queue__in=list(request.queues))
-        due = rates.without_full_keys(due)
+        due = keys.without_full_keys(rates.without_full_keys(due))
         candidates = [
             candidate
             for tier in TIERS
@@ -68,8 +75,11 @@ def claim_orm(
         for _, _, job_id, kind, payload in sorted(candidates, key=lambda entry: entry[:3]):
             if len(chosen) == request.limit:
                 break
-            if room.get(kind, 1) < 1 or not rates.take(job_id, kind, payload):
+            if room.get(kind, 1) < 1 or not keys.fits(kind, payload):
                 continue
+            if not rates.take(job_id, kind, payload):
+                continue
+            keys.take(kind, payload)
             if kind in room:
                 room[kind] -= 1
             chosen.append(job_id)
@@ -125,11 +135,13 @@ class _RatesOrm:
     start, the starts this claim takes, and their rows (inside the claim's transaction,
     which holds the database's write lock, so claims count each other's starts)."""
 
-    def __init__(self, alias: str, request: ClaimRequest, now: datetime) -> None:
+    def __init__(
+        self, alias: str, request: ClaimRequest, now: datetime, starts: _StartRoom
+    ) -> None:
         self.alias = alias
         self.now = now
         self.rules = {rule.kind: rule for rule in request.rates}
-        self.room = request.limit if request.rate_room is None else request.rate_room
+        self.starts = starts
         self.used = {rule.kind: _counted_starts(alias, rule, now) for rule in request.rates}
         self.taken: list[RateStart] = []
 
@@ -138,7 +150,7 @@ class _RatesOrm:
         rule = self.rules.get(kind)
         if rule is None:
             return True
-        if self.room < 1:
+        if self.starts.left < 1:
             return False
         return rule.limit.key is not None or len(self.used[kind].get("", [])) < rule.limit.limit
 
@@ -150,11 +162,7 @@ class _RatesOrm:
             full = [key for key, starts in used.items() if len(starts) >= rule.limit.limit]
             if field is None or not full:
                 continue
-            name = f"venturi_rate_key_{index}"
-            # Cast: a key transform's own `__in` would compare JSON, not text.
-            key = Cast(KeyTextTransform(field, "payload"), output_field=TextField())
-            due = due.alias(**{name: key})
-            due = due.exclude(Q(kind=kind) & Q(**{f"{name}__in": full}))
+            due = _without_keys(due, kind, field, full, name=f"venturi_rate_key_{index}")
         return due
 
     def take(self, job_id: int, kind: str, payload: Any) -> bool:
@@ -164,9 +172,9 @@ class _RatesOrm:
             return True
         key = key_value(rule.limit, payload)
         starts = self.used[kind].setdefault(key, [])
-        if self.room < 1 or len(starts) >= rule.limit.limit:
+        if self.starts.left < 1 or len(starts) >= rule.limit.limit:
             return False
-        self.room -= 1
+        self.starts.left -= 1
         starts.append(self.now)
         self.taken.append(RateStart(kind=kind, key=key, started_at=self.now, job_id=job_id))
         return True
@@ -179,6 +187,70 @@ class _RatesOrm:
             RateStart.objects.using(self.alias).filter(
                 kind=kind, started_at__lte=self.now - window
             ).delete()
+
+
+class _StartRoom:
+    """How many more jobs of the kinds started at once (rate-limited, capped per key)
+    one claim may take: the worker's idle handler slots."""
+
+    def __init__(self, request: ClaimRequest) -> None:
+        self.left = request.limit if request.start_room is None else request.start_room
+
+
+class _CapKeysOrm:
+    """The per-key concurrency caps of one claim off PostgreSQL: the running jobs of
+    each key (inside the claim's transaction, which holds the database's write lock,
+    so claims count each other's), and the places this claim takes."""
+
+    def __init__(self, alias: str, request: ClaimRequest, starts: _StartRoom) -> None:
+        self.limits = {limit.kind: limit for limit in request.limits if limit.key is not None}
+        self.starts = starts
+        self.rated = {rule.kind for rule in request.rates}
+        self.held: dict[str, Counter[str]] = {kind: Counter() for kind in self.limits}
+        running = Job.objects.using(alias).filter(state=State.RUNNING, kind__in=list(self.limits))
+        for kind, payload in running.values_list("kind", "payload"):
+            self.held[kind][field_text(self.limits[kind].key, payload)] += 1
+
+    def may_take(self, kind: str) -> bool:
+        """False for a kind capped per key when this claim can start none (no idle slot)."""
+        return kind not in self.limits or self.starts.left > 0
+
+    def _full(self, kind: str) -> list[str]:
+        cap = self.limits[kind].global_cap
+        return [key for key, held in self.held[kind].items() if cap is not None and held >= cap]
+
+    def without_full_keys(self, due: QuerySet[Job]) -> QuerySet[Job]:
+        """`due` less the jobs whose key is at its cap (so they fill no part of the claim)."""
+        for index, (kind, limit) in enumerate(self.limits.items()):
+            full = self._full(kind)
+            if full and limit.key is not None:
+                due = _without_keys(due, kind, limit.key, full, name=f"venturi_cap_key_{index}")
+        return due
+
+    def fits(self, kind: str, payload: Any) -> bool:
+        """Whether a job of `kind` with this payload has room under its key's cap."""
+        limit = self.limits.get(kind)
+        if limit is None:
+            return True
+        held = self.held[kind][field_text(limit.key, payload)]
+        return self.starts.left > 0 and (limit.global_cap is None or held < limit.global_cap)
+
+    def take(self, kind: str, payload: Any) -> None:
+        """Count the place a chosen job of `kind` takes (after `fits`)."""
+        limit = self.limits.get(kind)
+        if limit is not None:
+            self.held[kind][field_text(limit.key, payload)] += 1
+            if kind not in self.rated:  # a rate-limited kind's start took its room
+                self.starts.left -= 1
+
+
+def _without_keys(
+    due: QuerySet[Job], kind: str, field: str, keys: list[str], *, name: str
+) -> QuerySet[Job]:
+    """`due` less the jobs of `kind` whose payload `field` is one of `keys` (as text)."""
+    # Cast: a key transform's own `__in` would compare JSON, not text.
+    key = Cast(KeyTextTransform(field, "payload"), output_field=TextField())
+    return due.alias(**{name: key}).exclude(Q(kind=kind) & Q(**{f"{name}__in": keys}))
 
 
 def _counted_starts(alias: str, rule: RateRule, now: datetime) -> dict[str, list[datetime]]:
@@ -210,8 +282,10 @@ def _room_orm(alias: str, limits: Sequence[KindLimit]) -> dict[str, int]:
     )
     room: dict[str, int] = {}
     for limit in limits:
+        if limit.local_room is None and limit.key is not None:
+            continue  # its keys are counted apart (`_CapKeysOrm`)
         options = [limit.local_room] if limit.local_room is not None else []
-        if limit.global_cap is not None:
+        if limit.global_cap is not None and limit.key is None:
             options.append(limit.global_cap - running.get(limit.kind, 0))
         room[limit.kind] = min(options)
     return room

@@ -3,8 +3,8 @@
 `postgresql_statement` builds the claim, in two shapes: the full claim, which
 counts the running jobs of capped kinds and the starts of rate-limited ones, and
 the lean claim without those counts (the common case). `next_due_statement`
-builds what an idle claimer asks: when the next scheduled job becomes due, when
-a rate limit has room again. Each long query says why it is written as it is.
+(in `claim_next_due.py`) builds what an idle claimer asks from the same parts.
+Each long query says why it is written as it is.
 
 `claim.py` runs them (behind the caps lock when the claim counts); `claim_orm.py`
 makes the same selection off PostgreSQL; `claim_types.py` holds the request.
@@ -144,16 +144,33 @@ _CLAIM_SQL = """
 WITH RECURSIVE
 served(queue) AS ({served}),
 {tiers},
--- Room left under each capped kind. Counting here is exact because claims of
+-- Room left under each capped kind (a keyed cap leaves its kind unbounded: its
+-- keys are counted apart, in `held`). Counting here is exact because claims of
 -- capped kinds hold the caps advisory lock, taken before this statement began.
+limits(kind, cap, local_room, field) AS (
+    SELECT * FROM unnest(%(limit_kinds)s::text[], %(global_caps)s::integer[],
+                         %(local_rooms)s::integer[], %(cap_fields)s::text[])
+),
 room(kind, room) AS (
-    SELECT limits.kind,
-           least(limits.local_room,
-                 limits.global_cap - (SELECT count(*) FROM {table} AS running
-                                      WHERE running.state = 'running'
-                                        AND running.kind = limits.kind))
-    FROM unnest(%(limit_kinds)s::text[], %(global_caps)s::integer[], %(local_rooms)s::integer[])
-        AS limits(kind, global_cap, local_room)
+    SELECT kind,
+           least(local_room,
+                 CASE WHEN field IS NULL THEN cap - (SELECT count(*) FROM {table} AS running
+                                                     WHERE running.state = 'running'
+                                                       AND running.kind = limits.kind) END)
+    FROM limits
+),
+-- The running jobs of each key of a kind capped per key (a few: they run), and the
+-- keys at their cap, whose jobs are left out of the scan.
+held(kind, key, held) AS (
+    SELECT running.kind, coalesce(running.payload ->> limits.field, ''), count(*)
+    FROM limits JOIN {table} AS running
+      ON running.state = 'running' AND running.kind = limits.kind
+    WHERE limits.field IS NOT NULL
+    GROUP BY 1, 2
+),
+full_keys(kind, key) AS (
+    SELECT held.kind, held.key FROM held JOIN limits ON limits.kind = held.kind
+    WHERE held.held >= limits.cap
 ),
 {paused},
 {rates},
@@ -165,8 +182,7 @@ eligible(kinds) AS (
       AND known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
       AND NOT EXISTS (SELECT 1 FROM exhausted WHERE exhausted.kind = known.kind
                                                 AND NOT exhausted.keyed)
-      AND (%(rate_room)s::integer > 0
-           OR NOT EXISTS (SELECT 1 FROM rates WHERE rates.kind = known.kind))
+      AND (%(start_room)s::integer > 0 OR known.kind <> ALL(%(counted_kinds)s::text[]))
 ),
 {slots},
 -- For each slot, the due jobs in claim order. Each lateral scan is a range of
@@ -174,7 +190,8 @@ eligible(kinds) AS (
 -- not grow with the backlog. SKIP LOCKED passes over rows that another worker
 -- is claiming right now instead of waiting for it.
 pool AS (
-    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, {slot_turns}
+    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, c.cap_key,
+           {slot_turns}
     FROM slots
     {slot_joins}
     CROSS JOIN LATERAL (
@@ -183,7 +200,12 @@ pool AS (
                CASE WHEN kind = ANY(%(keyed_kinds)s::text[])
                     THEN coalesce(payload ->> (SELECT field FROM rates
                                                WHERE rates.kind = {table}.kind), '')
-                    ELSE '' END AS rate_key
+                    ELSE '' END AS rate_key,
+               -- The value a keyed cap counts this job's run under.
+               CASE WHEN kind = ANY(%(cap_keyed_kinds)s::text[])
+                    THEN coalesce(payload ->> (SELECT field FROM limits
+                                               WHERE limits.kind = {table}.kind), '')
+                    ELSE '' END AS cap_key
         FROM {table}
         WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
           AND rank = slots.rank AND run_at <= now()
@@ -201,6 +223,11 @@ pool AS (
                 SELECT 1 FROM exhausted JOIN rates ON rates.kind = exhausted.kind
                 WHERE exhausted.kind = {table}.kind AND exhausted.keyed
                   AND exhausted.key = coalesce({table}.payload ->> rates.field, '')))
+          -- So does a job whose cap key is at its cap.
+          AND (kind <> ALL(%(cap_keyed_kinds)s::text[]) OR NOT EXISTS (
+                SELECT 1 FROM full_keys JOIN limits ON limits.kind = full_keys.kind
+                WHERE full_keys.kind = {table}.kind
+                  AND full_keys.key = coalesce({table}.payload ->> limits.field, '')))
         ORDER BY run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -208,30 +235,36 @@ pool AS (
 ),
 {queued},
 ranked AS (
-    SELECT id, kind, priority, rate_key, {tier_turn} AS turn
+    SELECT id, kind, priority, rate_key, cap_key, {tier_turn} AS turn
     FROM queued
 ),
--- A capped kind contributes no more candidates than its room; a rate-limited
--- kind no more than each key's room and, all limited kinds together, than
--- `rate_room`.
+-- A capped kind contributes no more candidates than its room (each key of a keyed
+-- cap no more than the key's); a rate-limited kind no more than each key's room;
+-- and the rate-limited and per-key capped kinds together, which start at once, no
+-- more than `start_room`.
 capped AS (
     SELECT id, priority, turn, kind, rate_key,
            row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank,
            row_number() OVER (PARTITION BY kind, rate_key ORDER BY turn, priority) AS key_rank,
-           row_number() OVER (PARTITION BY kind = ANY(%(rate_kinds)s::text[])
-                              ORDER BY turn, priority) AS limited_rank
+           row_number() OVER (PARTITION BY kind, cap_key ORDER BY turn, priority) AS cap_rank,
+           cap_key,
+           row_number() OVER (PARTITION BY kind = ANY(%(counted_kinds)s::text[])
+                              ORDER BY turn, priority) AS counted_rank
     FROM ranked
 ),
 chosen AS (
     SELECT capped.id, capped.kind, capped.rate_key, rates.kind IS NOT NULL AS limited
     FROM capped
     LEFT JOIN room ON room.kind = capped.kind
+    LEFT JOIN limits ON limits.kind = capped.kind
+    LEFT JOIN held ON held.kind = capped.kind AND held.key = capped.cap_key
     LEFT JOIN rates ON rates.kind = capped.kind
     LEFT JOIN used ON used.kind = capped.kind AND used.key = capped.rate_key
     WHERE (room.room IS NULL OR capped.kind_rank <= room.room)
-      AND (rates.kind IS NULL
-           OR (capped.key_rank <= rates.cap - coalesce(used.used, 0)
-               AND capped.limited_rank <= %(rate_room)s::integer))
+      AND (limits.field IS NULL OR capped.cap_rank <= limits.cap - coalesce(held.held, 0))
+      AND (rates.kind IS NULL OR capped.key_rank <= rates.cap - coalesce(used.used, 0))
+      AND (capped.kind <> ALL(%(counted_kinds)s::text[])
+           OR capped.counted_rank <= %(start_room)s::integer)
     ORDER BY capped.turn, capped.priority
     LIMIT %(limit)s
 ),
@@ -339,7 +372,7 @@ def _tables(alias: str) -> dict[str, str]:
     }
 
 
-def _fragments(alias: str, listed_queues: bool) -> dict[str, str]:
+def fragments(alias: str, listed_queues: bool) -> dict[str, str]:
     """The statement's shared parts, with the table names filled in."""
     tables = _tables(alias)
     served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
@@ -363,7 +396,7 @@ def _claim_sql(alias: str, listed_queues: bool, limited: bool) -> str:
     """The claim statement: for given queues or all, with or without capped and
     rate-limited kinds (made once per shape: it is long to format)."""
     template = _CLAIM_SQL if limited else _CLAIM_UNLIMITED_SQL
-    return _compact(template.format(**_fragments(alias, listed_queues)))
+    return _compact(template.format(**fragments(alias, listed_queues)))
 
 
 def _compact(sql: str) -> str:
@@ -379,7 +412,7 @@ def _compact(sql: str) -> str:
     return " ".join(" ".join(code).split())  # no literal of the claim holds two spaces
 
 
-def _rate_params(request: ClaimRequest) -> dict[str, Any]:
+def rate_params(request: ClaimRequest) -> dict[str, Any]:
     return {
         "rate_kinds": [rule.kind for rule in request.rates],
         "rate_caps": [rule.limit.limit for rule in request.rates],
@@ -415,6 +448,9 @@ def postgresql_statement(
         "limit_kinds": [limit.kind for limit in request.limits],
         "global_caps": [limit.global_cap for limit in request.limits],
         "local_rooms": [limit.local_room for limit in request.limits],
+        "cap_fields": [limit.key for limit in request.limits],
+        "cap_keyed_kinds": [limit.kind for limit in request.limits if limit.key is not None],
+        "counted_kinds": request.started_at_once(),
         "kind_prefix": request.kind_prefix,
         "prefix_lease_seconds": (
             None if request.prefix_lease is None else request.prefix_lease.total_seconds()
@@ -422,59 +458,7 @@ def postgresql_statement(
         "limit": request.limit,
         "token": token,
         "worker": request.worker,
-        "rate_room": request.limit if request.rate_room is None else request.rate_room,
-        **_rate_params(request),
-    }
-    return sql, params
-
-
-_NEXT_DUE_SQL = """
-WITH RECURSIVE served(queue) AS ({served}),
-{paused},
-{slots},
-{rates},
--- When each kind or key at its rate limit, with due jobs waiting on it, has room
--- again: when its limit-th newest start leaves the window.
-openings(at) AS (
-    SELECT (array_agg(counted.started_at ORDER BY counted.started_at DESC))[min(rates.cap)]
-           + make_interval(secs => min(rates.seconds))
-    FROM exhausted
-    JOIN rates ON rates.kind = exhausted.kind
-    JOIN {ledger} AS counted ON counted.kind = exhausted.kind AND counted.key = exhausted.key
-    WHERE counted.started_at > (SELECT at FROM clock) - make_interval(secs => rates.seconds)
-      AND exhausted.kind <> ALL((SELECT names FROM paused_kinds)::text[])
-      AND EXISTS (
-        SELECT 1 FROM {table} AS waiting
-        WHERE waiting.state = 'ready' AND waiting.kind = exhausted.kind
-          AND waiting.run_at <= now()
-          AND (rates.field IS NULL
-               OR coalesce(waiting.payload ->> rates.field, '') = exhausted.key))
-    GROUP BY exhausted.kind, exhausted.key
-)
-SELECT
-    extract(epoch FROM
-        (SELECT min(upcoming.run_at)
-         FROM slots
-         CROSS JOIN LATERAL (
-            SELECT run_at FROM {table}
-            WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-              AND rank = slots.rank AND run_at > now()
-              AND (kind = ANY(%(kinds)s::text[]) OR starts_with(kind, %(kind_prefix)s::text))
-            ORDER BY run_at
-            LIMIT 1
-         ) AS upcoming) - (SELECT at FROM clock)),
-    extract(epoch FROM (SELECT min(at) FROM openings) - (SELECT at FROM clock))
-"""
-
-
-def next_due_statement(alias: str, request: ClaimRequest) -> tuple[str, dict[str, Any]]:
-    """The statement that finds when the next scheduled job becomes due and when a
-    rate limit has room again, and its parameters (for `claim.upcoming`)."""
-    sql = _NEXT_DUE_SQL.format(**_fragments(alias, request.queues is not None))
-    params = {
-        "queues": list(request.queues or []),
-        "kinds": list(request.kinds),
-        "kind_prefix": request.kind_prefix,
-        **_rate_params(request),
+        "start_room": request.limit if request.start_room is None else request.start_room,
+        **rate_params(request),
     }
     return sql, params

@@ -123,9 +123,12 @@ class KindLimit:
 
     kind: str
     global_cap: int | None
-    """The task's `concurrency=`: running jobs of the kind across all workers."""
+    """The task's `concurrency=`: running jobs of the kind across all workers (of each
+    value of `key`, with one)."""
     local_room: int | None
     """What this worker's `--kind-concurrency` still allows."""
+    key: str | None = None
+    """The payload field a keyed cap counts running jobs by (`Concurrency(n, key=)`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,11 +150,13 @@ class ClaimRequest:
     """The lease of the jobs claimed through `kind_prefix`."""
     rates: Sequence[RateRule] = ()
     """Rate limits on some kinds; the claim counts and records their starts."""
-    rate_room: int | None = None
-    """How many jobs of rate-limited kinds this claim may take (None: no bound).
+    start_room: int | None = None
+    """How many jobs of rate-limited and per-key capped kinds this claim may take
+    (None: no bound).
 
-    The worker passes its idle handler slots: a limited job starts as soon as it
-    is claimed, never waits in the local buffer, so its start is the one counted."""
+    The worker passes its idle handler slots: such a job starts as soon as it is
+    claimed, never waits in the local buffer, so its start is the one counted and
+    it never holds its key's place while it waits."""
 
     def lease_of(self, kind: str) -> timedelta:
         """The lease a claimed job of `kind` gets."""
@@ -160,6 +165,11 @@ class ClaimRequest:
                 return lease
         assert self.prefix_lease is not None, f"{kind!r} is not claimable"
         return self.prefix_lease
+
+    def started_at_once(self) -> list[str]:
+        """The kinds whose jobs this claim takes only into idle slots (`start_room`)."""
+        kinds = [rule.kind for rule in self.rates]
+        return kinds + [limit.kind for limit in self.limits if limit.key is not None]
 
     def claims_some_kind(self) -> bool:
         return bool(self.kinds) or self.kind_prefix is not None

@@ -16,10 +16,11 @@ which covers the moment between that move and the handler's first line.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
+
+from django_venturi.store.concurrency import field_text
 
 GUARD = timedelta(milliseconds=50)
 """The most a start is counted beyond its window."""
@@ -73,17 +74,8 @@ class RateRule:
 
 
 def key_value(limit: RateLimit, payload: Mapping[str, Any] | Any) -> str:
-    """The key a job's start counts under: the field's value as text ("" without a key).
-
-    Text as PostgreSQL's `payload ->> field` gives it: a string as it is, any
-    other JSON value in its JSON form, a missing field or null as "".
-    """
-    if limit.key is None or not isinstance(payload, Mapping):
-        return ""
-    value = payload.get(limit.key)
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    """The key a job's start counts under: the field's value as text ("" without a key)."""
+    return field_text(limit.key, payload)
 
 
 def next_opening(starts: Iterable[datetime], limit: RateLimit, now: datetime) -> datetime | None:

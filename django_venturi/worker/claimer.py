@@ -301,7 +301,7 @@ class Claimer:
             kind_prefix=self.tasks_kind_prefix,
             prefix_lease=venturi_settings.DEFAULT_LEASE,
             rates=self._rates(kinds),
-            rate_room=self.handlers.slots() - self.runs.busy(),
+            start_room=self.handlers.slots() - self.runs.busy(),
         )
 
     @staticmethod
@@ -317,11 +317,17 @@ class Claimer:
         held = self.runs.held_kinds()
         limits = []
         for kind in kinds:
-            global_cap = registry.get(kind).concurrency
+            cap = registry.get(kind).concurrency
             local_cap = self.kind_concurrency.get(kind)
-            if global_cap is not None or local_cap is not None:
-                local_room = None if local_cap is None else local_cap - held[kind]
-                limits.append(KindLimit(kind, global_cap=global_cap, local_room=local_room))
+            if cap is not None or local_cap is not None:
+                limits.append(
+                    KindLimit(
+                        kind,
+                        global_cap=None if cap is None else cap.limit,
+                        local_room=None if local_cap is None else local_cap - held[kind],
+                        key=None if cap is None else cap.key,
+                    )
+                )
         return limits
 
     def _idle_wait(self) -> float:

@@ -26,6 +26,24 @@ class Capped(venturi.Task):
         return venturi.Outcome.completed()
 
 
+@venturi.task(kind="tests.key_capped", concurrency=venturi.Concurrency(2, key="account"))
+@dataclasses.dataclass
+class KeyCapped(venturi.Task):
+    """At most 2 running per account; `retry_first`: its first run asks for a retry."""
+
+    account: str = ""
+    seconds: float = 0.1
+    retry_first: bool = False
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        start = time.time()
+        time.sleep(self.seconds)
+        record(ctx, f"key_capped:{self.account}", {"start": start, "end": time.time()})
+        if self.retry_first and ctx.attempt == 1:
+            return venturi.Outcome.retry(after=0)
+        return venturi.Outcome.completed()
+
+
 @venturi.task(kind="tests.uncapped")
 @dataclasses.dataclass
 class Uncapped(venturi.Task):
