@@ -8,7 +8,9 @@ Each round runs every variant once, in turn, each in a fresh database: N no-op
 `bench.sink` jobs drained by one `venturi_worker --concurrency 32 -v 0`.
   plain     nothing else;
   limited   `bench.limited` (10 a second) registered, 200 of its jobs in the same queue;
-  paused    a paused queue holding 200 jobs.
+  paused    a paused queue holding 200 jobs;
+  keyed     `bench.key_capped` (2 running per key) registered, 200 of its jobs over 20
+            keys in the same queue.
 FLOW_EXTRA=0 leaves those 200 jobs out (the limited kind is only registered).
 It prints, per variant, the median steady drain rate (from the handlers' own
 timestamps, the 10th to the last job) and the transactions the database
@@ -28,11 +30,16 @@ from pathlib import Path
 
 import psycopg
 
+if str(Path(__file__).resolve().parent.parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.sink import SinkReader
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 SETTINGS = "benchmarks.bench_project.settings"
 DBNAME = "venturi_bench_flow"
-VARIANTS = ("plain", "limited", "paused")
+VARIANTS = ("plain", "limited", "paused", "keyed")
 EXTRA_JOBS = int(os.environ.get("FLOW_EXTRA", "200"))
 
 
@@ -45,7 +52,9 @@ def admin_dsn(dbname: str = "postgres") -> str:
     )
 
 
-def env(sink: Path | None = None, *, limited: bool = False, dbname: str = DBNAME) -> dict[str, str]:
+def env(
+    sink: Path | None = None, *, limited: bool = False, keyed: bool = False, dbname: str = DBNAME
+) -> dict[str, str]:
     values = dict(os.environ)
     values["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), values.get("PYTHONPATH", "")])
     values["VENTURI_BENCH_DB"] = dbname
@@ -53,6 +62,9 @@ def env(sink: Path | None = None, *, limited: bool = False, dbname: str = DBNAME
     values.pop("VENTURI_BENCH_RATE_LIMITED", None)
     if limited:
         values["VENTURI_BENCH_RATE_LIMITED"] = "1"
+    values.pop("VENTURI_BENCH_KEY_CAPPED", None)
+    if keyed:
+        values["VENTURI_BENCH_KEY_CAPPED"] = "1"
     if sink is not None:
         values["VENTURI_BENCH_SINK"] = str(sink)
     return values
@@ -82,6 +94,9 @@ def produce(variant: str, n: int) -> None:
         venturi.enqueue_many([tasks.SinkJob(i=i) for i in range(start, min(n, start + 1000))])
     if variant == "limited":
         venturi.enqueue_many([tasks.LimitedJob(i=i) for i in range(EXTRA_JOBS)])  # type: ignore[attr-defined]
+    if variant == "keyed":
+        capped = [tasks.KeyCappedJob(i=i, key=i % 20, seconds=0) for i in range(EXTRA_JOBS)]  # type: ignore[attr-defined]
+        venturi.enqueue_many(capped)
     if variant == "paused":
         venturi.pause(queue="held")
         venturi.enqueue_many([tasks.SinkJob(i=n + i) for i in range(EXTRA_JOBS)], queue="held")
@@ -102,22 +117,23 @@ def drain(variant: str, n: int) -> tuple[float, float]:
     fresh_database()
     subprocess.run(
         [sys.executable, str(Path(__file__)), "produce", variant, str(n)],
-        env=env(limited=variant == "limited"),
+        env=env(limited=variant == "limited", keyed=variant == "keyed"),
         check=True,
         cwd=REPO_ROOT,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        sink = Path(tmp) / "sink"
+        sink = SinkReader(str(Path(tmp) / "sink"))
         time.sleep(0.6)  # the statistics collector's view of the database settles
         before = committed()
         worker = subprocess.Popen(
             [sys.executable, "-m", "django", "venturi_worker", "--concurrency", "32", "-v", "0"],
-            env=env(sink, limited=variant == "limited"),
+            env=env(Path(sink.path), limited=variant == "limited", keyed=variant == "keyed"),
             cwd=REPO_ROOT,
         )
         try:
             deadline = time.monotonic() + 120
-            while not sink.exists() or sink.stat().st_size < 27 * n:
+            # The sink jobs are 0 to n - 1 (the keyed variant's jobs write theirs too).
+            while sink.poll() < n or sum(1 for i in sink.times if i < n) < n:
                 if time.monotonic() > deadline or worker.poll() is not None:
                     raise RuntimeError(f"{variant}: the drain did not finish")
                 time.sleep(0.01)
@@ -126,7 +142,7 @@ def drain(variant: str, n: int) -> tuple[float, float]:
             worker.wait(timeout=30)
         time.sleep(0.6)
         after = committed()
-        times = sorted(float(line.split()[1]) for line in sink.read_text().splitlines()[:n])
+        times = sorted(min(at) for i, at in sink.times.items() if i < n)
     first = n // 10
     rate = (n - 1 - first) / (times[-1] - times[first])
     return rate, (after - before) / n

@@ -241,19 +241,21 @@ ranked AS (
 -- A capped kind contributes no more candidates than its room (each key of a keyed
 -- cap no more than the key's); a rate-limited kind no more than each key's room;
 -- and the rate-limited and per-key capped kinds together, which start at once, no
--- more than `start_room`.
+-- more than `start_room`. Only their candidates are counted (a few window sorts of
+-- them, not of a whole claim's).
 capped AS (
-    SELECT id, priority, turn, kind, rate_key,
+    SELECT id, priority, turn, kind, rate_key, cap_key,
            row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank,
            row_number() OVER (PARTITION BY kind, rate_key ORDER BY turn, priority) AS key_rank,
            row_number() OVER (PARTITION BY kind, cap_key ORDER BY turn, priority) AS cap_rank,
-           cap_key,
            row_number() OVER (PARTITION BY kind = ANY(%(counted_kinds)s::text[])
                               ORDER BY turn, priority) AS counted_rank
     FROM ranked
+    WHERE kind = ANY(%(limited_kinds)s::text[])
 ),
-chosen AS (
-    SELECT capped.id, capped.kind, capped.rate_key, rates.kind IS NOT NULL AS limited
+passed AS (
+    SELECT capped.id, capped.kind, capped.rate_key, capped.turn, capped.priority,
+           rates.kind IS NOT NULL AS limited
     FROM capped
     LEFT JOIN room ON room.kind = capped.kind
     LEFT JOIN limits ON limits.kind = capped.kind
@@ -265,7 +267,15 @@ chosen AS (
       AND (rates.kind IS NULL OR capped.key_rank <= rates.cap - coalesce(used.used, 0))
       AND (capped.kind <> ALL(%(counted_kinds)s::text[])
            OR capped.counted_rank <= %(start_room)s::integer)
-    ORDER BY capped.turn, capped.priority
+),
+chosen AS (
+    SELECT id, kind, rate_key, limited FROM (
+        SELECT id, kind, rate_key, turn, priority, false AS limited FROM ranked
+        WHERE kind <> ALL(%(limited_kinds)s::text[])
+        UNION ALL
+        SELECT id, kind, rate_key, turn, priority, limited FROM passed
+    ) AS candidates
+    ORDER BY turn, priority
     LIMIT %(limit)s
 ),
 -- Each start of a limited kind counts from now on; starts out of every window go.
@@ -451,6 +461,9 @@ def postgresql_statement(
         "cap_fields": [limit.key for limit in request.limits],
         "cap_keyed_kinds": [limit.kind for limit in request.limits if limit.key is not None],
         "counted_kinds": request.started_at_once(),
+        "limited_kinds": sorted(
+            {limit.kind for limit in request.limits} | {rule.kind for rule in request.rates}
+        ),
         "kind_prefix": request.kind_prefix,
         "prefix_lease_seconds": (
             None if request.prefix_lease is None else request.prefix_lease.total_seconds()

@@ -4,6 +4,9 @@ SinkJob: an int payload, a handler that appends (i, time) to the sink (W1-W3).
 CountJob: a keyed task whose clashes add up their `count` (W7, dedup under contention).
 LimitedJob: a rate-limited kind, registered only when VENTURI_BENCH_RATE_LIMITED is set
 (benchmarks/flow_control.py: a plain drain with and without a limited kind present).
+KeyCappedJob: at most 2 running per `key`, registered only when VENTURI_BENCH_KEY_CAPPED
+is set (benchmarks/key_caps.py, and flow_control.py's `keyed` variant); SleepJob: the
+same handler without a cap (key_caps.py's reference).
 StepJob: does nothing; the steps of the workflow benchmarks (benchmarks/workflows.py).
 OrmJob: W5's realistic handler, one read and one update of a `Counter` row through the ORM
 (benchmarks/scale.py).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -27,6 +31,9 @@ from benchmarks import sink
 from benchmarks.bench_project.benchapp.models import Counter
 
 RATE_LIMITED_ENV = "VENTURI_BENCH_RATE_LIMITED"
+KEY_CAPPED_ENV = "VENTURI_BENCH_KEY_CAPPED"
+ENDED = 50_000_000
+"""A sleeping job appends its end to the sink under its index plus this."""
 
 
 @venturi.task(kind="bench.sink")
@@ -138,4 +145,39 @@ if os.environ.get(RATE_LIMITED_ENV):
         i: int
 
         def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+            return venturi.Outcome.completed()
+
+
+def sleep_and_record(i: int, seconds: float) -> None:
+    """Append the start (at i) and the end (at i + ENDED) of a handler that sleeps."""
+    sink.handle(i)
+    time.sleep(seconds)
+    sink.handle(i + ENDED)
+
+
+@venturi.task(kind="bench.sleep")
+@dataclasses.dataclass
+class SleepJob(venturi.Task):
+    i: int
+    key: int
+    seconds: float
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        sleep_and_record(self.i, self.seconds)
+        return venturi.Outcome.completed()
+
+
+if os.environ.get(KEY_CAPPED_ENV):
+
+    @venturi.task(kind="bench.key_capped", concurrency=venturi.Concurrency(2, key="key"))
+    @dataclasses.dataclass
+    class KeyCappedJob(venturi.Task):
+        """At most 2 running per key, across every worker."""
+
+        i: int
+        key: int
+        seconds: float
+
+        def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+            sleep_and_record(self.i, self.seconds)
             return venturi.Outcome.completed()
