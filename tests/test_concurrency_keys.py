@@ -95,11 +95,13 @@ def test_other_kinds_fill_the_claim_beside_a_capped_key(alias: str) -> None:
     }
 
 
-def test_jobs_without_the_field_share_one_key(alias: str) -> None:
+def test_jobs_without_the_field_or_with_null_share_one_key(alias: str) -> None:
+    payloads = [{"seconds": 0.1}, {"account": None, "seconds": 0.1}] * 2
     Job.objects.using(alias).bulk_create(
-        [Job(kind="tests.key_capped", payload={"seconds": 0.1}) for _ in range(4)]
+        [Job(kind="tests.key_capped", payload=payload) for payload in payloads]
     )
     assert len(take(alias)) == 2
+    assert take(alias) == []  # the key "" is at its cap, whichever way it is empty
 
 
 def test_a_claim_takes_keyed_jobs_only_into_idle_slots(alias: str) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 from django.db.models import Count, Min
 
 from django_venturi.conf import venturi_settings
-from django_venturi.observe import rate_limit_stats
+from django_venturi.observe import cap_stats, rate_limit_stats
+from django_venturi.observe.cap_stats import CapUse
 from django_venturi.observe.rate_limit_stats import RateLimitUse
 from django_venturi.states import State
 from django_venturi.store import registration, tallies
@@ -110,6 +111,8 @@ class Stats:
     """Due jobs that no live worker can run, by kind and queue (see `store/orphan_kinds.py`)."""
     rate_limits: list[RateLimitUse] = dataclasses.field(default_factory=list)
     """Each rate-limited kind this process knows: its use now and its due jobs."""
+    caps: list[CapUse] = dataclasses.field(default_factory=list)
+    """Each kind with a concurrency cap this process knows: its places held and due jobs."""
     pauses: list[Paused] = dataclasses.field(default_factory=list)
     """Paused queues and kinds, with who paused them and when."""
 
@@ -192,6 +195,7 @@ class Stats:
             "workers": [worker.as_dict() for worker in self.workers],
             "orphan_kinds": [orphan.as_dict() for orphan in self.orphan_kinds],
             "rate_limits": [use.as_dict() for use in self.rate_limits],
+            "caps": [use.as_dict() for use in self.caps],
             "pauses": [pause.as_dict() for pause in self.pauses],
         }
 
@@ -233,6 +237,7 @@ def stats(*, using: str | None = None, stale_after: timedelta | None = None) -> 
         workers=_workers(alias, now, stale_after),
         orphan_kinds=find_orphan_kinds(alias, now=now, stale_after=stale_after),
         rate_limits=rate_limit_stats.usage(alias, now),
+        caps=cap_stats.usage(alias, now),
         pauses=paused(using=alias),
     )
 

@@ -17,15 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, TextField
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from django_venturi.models import Job, RateStart
 from django_venturi.states import State
 from django_venturi.store.claim_types import ClaimedJob, ClaimRequest, KindLimit, Upcoming
-from django_venturi.store.concurrency import field_text
+from django_venturi.store.concurrency import field_text, payload_key
 from django_venturi.store.pauses import paused_names
 from django_venturi.store.rate_limits import RateRule, key_value, next_opening
 from django_venturi.store.scheduling import TIERS, TierClock
@@ -248,8 +246,7 @@ def _without_keys(
     due: QuerySet[Job], kind: str, field: str, keys: list[str], *, name: str
 ) -> QuerySet[Job]:
     """`due` less the jobs of `kind` whose payload `field` is one of `keys` (as text)."""
-    # Cast: a key transform's own `__in` would compare JSON, not text.
-    key = Cast(KeyTextTransform(field, "payload"), output_field=TextField())
+    key = payload_key(due.db, field)
     return due.alias(**{name: key}).exclude(Q(kind=kind) & Q(**{f"{name}__in": keys}))
 
 

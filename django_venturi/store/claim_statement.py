@@ -234,9 +234,14 @@ pool AS (
     ) AS c
 ),
 {queued},
+-- With one slot (one queue and tier: the common case), the turns order nothing
+-- but the enqueue order: the one-time filters skip their sorts (turn 0 for all).
 ranked AS (
-    SELECT id, kind, priority, rate_key, cap_key, {tier_turn} AS turn
-    FROM queued
+    SELECT id, kind, priority, run_at, rate_key, cap_key, {tier_turn} AS turn
+    FROM queued WHERE (SELECT count(*) FROM slots) > 1
+    UNION ALL
+    SELECT id, kind, priority, run_at, rate_key, cap_key, 0::float8 AS turn
+    FROM pool WHERE (SELECT count(*) FROM slots) = 1
 ),
 -- A capped kind contributes no more candidates than its room (each key of a keyed
 -- cap no more than the key's); a rate-limited kind no more than each key's room;
@@ -244,18 +249,20 @@ ranked AS (
 -- more than `start_room`. Only their candidates are counted (a few window sorts of
 -- them, not of a whole claim's).
 capped AS (
-    SELECT id, priority, turn, kind, rate_key, cap_key,
-           row_number() OVER (PARTITION BY kind ORDER BY turn, priority) AS kind_rank,
-           row_number() OVER (PARTITION BY kind, rate_key ORDER BY turn, priority) AS key_rank,
-           row_number() OVER (PARTITION BY kind, cap_key ORDER BY turn, priority) AS cap_rank,
+    SELECT id, priority, run_at, turn, kind, rate_key, cap_key,
+           row_number() OVER (PARTITION BY kind ORDER BY turn, priority, run_at, id) AS kind_rank,
+           row_number() OVER (PARTITION BY kind, rate_key
+                              ORDER BY turn, priority, run_at, id) AS key_rank,
+           row_number() OVER (PARTITION BY kind, cap_key
+                              ORDER BY turn, priority, run_at, id) AS cap_rank,
            row_number() OVER (PARTITION BY kind = ANY(%(counted_kinds)s::text[])
-                              ORDER BY turn, priority) AS counted_rank
+                              ORDER BY turn, priority, run_at, id) AS counted_rank
     FROM ranked
     WHERE kind = ANY(%(limited_kinds)s::text[])
 ),
 passed AS (
     SELECT capped.id, capped.kind, capped.rate_key, capped.turn, capped.priority,
-           rates.kind IS NOT NULL AS limited
+           capped.run_at, rates.kind IS NOT NULL AS limited
     FROM capped
     LEFT JOIN room ON room.kind = capped.kind
     LEFT JOIN limits ON limits.kind = capped.kind
@@ -268,15 +275,19 @@ passed AS (
       AND (capped.kind <> ALL(%(counted_kinds)s::text[])
            OR capped.counted_rank <= %(start_room)s::integer)
 ),
+candidates AS (
+    SELECT id, kind, rate_key, turn, priority, run_at, false AS limited FROM ranked
+    WHERE kind <> ALL(%(limited_kinds)s::text[])
+    UNION ALL
+    SELECT id, kind, rate_key, turn, priority, run_at, limited FROM passed
+),
+-- One slot: its candidates, at most `limit`, are the claim (no sort).
 chosen AS (
-    SELECT id, kind, rate_key, limited FROM (
-        SELECT id, kind, rate_key, turn, priority, false AS limited FROM ranked
-        WHERE kind <> ALL(%(limited_kinds)s::text[])
-        UNION ALL
-        SELECT id, kind, rate_key, turn, priority, limited FROM passed
-    ) AS candidates
-    ORDER BY turn, priority
-    LIMIT %(limit)s
+    SELECT id, kind, rate_key, limited FROM candidates WHERE (SELECT count(*) FROM slots) = 1
+    UNION ALL
+    (SELECT id, kind, rate_key, limited FROM candidates WHERE (SELECT count(*) FROM slots) > 1
+     ORDER BY turn, priority, run_at, id
+     LIMIT %(limit)s)
 ),
 -- Each start of a limited kind counts from now on; starts out of every window go.
 recorded AS (

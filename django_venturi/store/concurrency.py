@@ -16,6 +16,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from django.db import connections
+from django.db.models import Case, Expression, F, Func, TextField, Value, When
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce
+from django.db.models.lookups import Exact
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Concurrency:
@@ -52,3 +58,29 @@ def field_text(field: str | None, payload: Mapping[str, Any] | Any) -> str:
     if value is None:
         return ""
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def payload_key(alias: str, field: str) -> Expression:
+    """`field_text` in SQL, for the ORM: the payload field as text, a missing field or
+    null as "" (what the claim off PostgreSQL and the stats filter and count by)."""
+    # Cast: a key transform's own lookups would compare JSON, not text.
+    text = Coalesce(
+        Cast(KeyTextTransform(field, "payload"), output_field=TextField()),
+        Value(""),
+        output_field=TextField(),
+    )
+    if connections[alias].vendor != "sqlite":
+        return text
+    # SQLite's key transform gives a JSON null as 'null' (PostgreSQL's ->> gives NULL);
+    # its JSON_TYPE tells that null from a string 'null'.
+    json_type = Func(
+        F("payload"),
+        Value(f"$.{json.dumps(field)}"),  # as the key transform quotes a field
+        function="JSON_TYPE",
+        output_field=TextField(),
+    )
+    return Case(
+        When(Exact(json_type, Value("null")), then=Value("")),
+        default=text,
+        output_field=TextField(),
+    )

@@ -19,6 +19,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_venturi.management import flags
+from django_venturi.observe.cap_stats import CapUse
 from django_venturi.observe.snapshot import Stats, stats
 from django_venturi.store.orphan_kinds import OrphanKind
 
@@ -152,6 +153,36 @@ def runs(count: int, which: str) -> str:
     return f"{count} {which} run" + ("" if count == 1 else "s")
 
 
+KEY_CHARS = 60
+"""The most characters of a cap's key the text shows (a key may be a whole JSON object)."""
+
+
+def shown_key(key: str) -> str:
+    """A cap's key as the text shows it: quoted JSON when it would not show plainly
+    (empty, edged with spaces, or holding a line break or another unprintable), and
+    cut short past `KEY_CHARS`."""
+    if len(key) > KEY_CHARS:
+        key = key[: KEY_CHARS - 1] + "\u2026"
+    return key if key and key.isprintable() and key.strip() == key else json.dumps(key)
+
+
+def cap_line(use: CapUse) -> str:
+    """One capped kind: its cap, the places held, and the due jobs waiting on it."""
+    if use.key is None:
+        at_cap = ", at the cap" if use.keys_at_cap else ""
+        return (
+            f"cap {use.kind}: {use.cap}; {use.running} running{at_cap}; {use.waiting} due waiting"
+        )
+    keys = "key" if use.keys_with_due == 1 else "keys"
+    busiest = ", ".join(f"{shown_key(key)} {running}" for key, running in use.busiest)
+    return (
+        f"cap {use.kind}: {use.cap}; {use.running} running; {use.keys_with_due} {keys} with "
+        f"due jobs, {use.keys_at_cap} at the cap"
+        + (f" (busiest: {busiest})" if busiest else "")
+        + f"; {use.waiting} due waiting, {use.waiting_on_cap} on the cap"
+    )
+
+
 def render(snapshot: Stats) -> str:
     """The snapshot as a plain-text report."""
     lines = [
@@ -192,6 +223,7 @@ def render(snapshot: Stats) -> str:
             f"rate limit {use.kind}: {use.limit}; {use.used} started in the window{keyed}; "
             f"{use.waiting} due waiting"
         )
+    lines.extend(cap_line(use) for use in snapshot.caps)
     if snapshot.orphan_kinds:
         lines.append(f"due jobs that no live worker can run (causes: {ORPHAN_CAUSES}):")
     for orphan in snapshot.orphan_kinds:
