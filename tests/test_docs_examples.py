@@ -211,6 +211,23 @@ def test_fair_queues_share_claims_by_weight() -> None:
     assert [run.kind == receipt for run in ran[:10]] == [False, *[True] * 4, False, *[True] * 4]
 
 
+def test_a_cap_per_account_holds_while_a_worker_drains(workers: Workers) -> None:
+    assert scheduling.SyncAccount.venturi_spec.concurrency == venturi.Concurrency(  # type: ignore[attr-defined]
+        2, key="account_id"
+    )
+    pages = [("acme", page) for page in range(6)] + [("globex", page) for page in range(2)]
+    venturi.enqueue_many([scheduling.SyncAccount(account_id=a, page=p) for a, p in pages])
+    workers.burst("default", "--concurrency", "8")
+    jobs = Job.objects.filter(kind="docs.sync_account")
+    assert set(jobs.values_list("state", flat=True)) == {venturi.State.COMPLETED}
+    for account in ("acme", "globex"):
+        # A place is held from the claim (started_at) to the verdict (finished_at).
+        held = jobs.filter(payload__account_id=account).values_list("started_at", "finished_at")
+        events = sorted([(start, 1) for start, _ in held] + [(end, -1) for _, end in held])
+        running = [sum(change for _, change in events[: index + 1]) for index in range(len(events))]
+        assert max(running) <= 2, account
+
+
 def test_queues_priorities_delays(workers: Workers) -> None:
     urgent, *later = scheduling.schedule_reports([1, 2, 3])
     assert urgent.priority == venturi.Priority.HIGH and urgent.queue == "reports"

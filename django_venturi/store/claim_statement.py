@@ -174,11 +174,15 @@ full_keys(kind, key) AS (
 ),
 {paused},
 {rates},
+-- Whether the caps lock's statement, just before this one in its transaction, took
+-- the lock (`claim.py`): without it, the kinds whose claim counts are left alone.
+locked(held) AS (SELECT coalesce(current_setting('venturi.caps_locked', true), '') = 'on'),
 -- Kinds at their cap, at their rate limit or paused are left out of the scan,
 -- so they never crowd out others.
 eligible(kinds) AS (
     SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
-    WHERE NOT EXISTS (SELECT 1 FROM room WHERE room.kind = known.kind AND room.room < 1)
+    WHERE ((SELECT held FROM locked) OR known.kind <> ALL(%(serialised_kinds)s::text[]))
+      AND NOT EXISTS (SELECT 1 FROM room WHERE room.kind = known.kind AND room.room < 1)
       AND known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
       AND NOT EXISTS (SELECT 1 FROM exhausted WHERE exhausted.kind = known.kind
                                                 AND NOT exhausted.keyed)
@@ -296,7 +300,7 @@ recorded AS (
 ),
 forgotten AS (
     DELETE FROM {ledger} AS old USING rates
-    WHERE old.kind = rates.kind
+    WHERE (SELECT held FROM locked) AND old.kind = rates.kind
       AND old.started_at <= (SELECT at FROM clock) - make_interval(secs => rates.seconds)
 ),
 {claim_tail}"""
@@ -472,6 +476,7 @@ def postgresql_statement(
         "cap_fields": [limit.key for limit in request.limits],
         "cap_keyed_kinds": [limit.kind for limit in request.limits if limit.key is not None],
         "counted_kinds": request.started_at_once(),
+        "serialised_kinds": request.serialised_kinds(),
         "limited_kinds": sorted(
             {limit.kind for limit in request.limits} | {rule.kind for rule in request.rates}
         ),

@@ -183,25 +183,14 @@ class ClaimRequest:
     @property
     def serialised(self) -> bool:
         """Whether the claim must hold the caps lock: it counts running jobs or starts."""
-        return bool(self.rates) or any(limit.global_cap is not None for limit in self.limits)
+        return bool(self.serialised_kinds())
 
-    def uncounted(self) -> ClaimRequest:
-        """This request without the kinds whose claim must hold the caps lock (globally
-        capped and rate-limited ones): what a claim may take while another holds it."""
-        counted = {rule.kind for rule in self.rates}
-        counted |= {limit.kind for limit in self.limits if limit.global_cap is not None}
-        kept = [
-            (kind, lease)
-            for kind, lease in zip(self.kinds, self.leases, strict=True)
-            if kind not in counted
-        ]
-        return dataclasses.replace(
-            self,
-            kinds=[kind for kind, _ in kept],
-            leases=[lease for _, lease in kept],
-            limits=[limit for limit in self.limits if limit.kind not in counted],
-            rates=(),
-        )
+    def serialised_kinds(self) -> list[str]:
+        """The kinds whose claim must hold the caps lock: globally capped (a kind or each
+        of its keys) and rate-limited ones."""
+        kinds = {rule.kind for rule in self.rates}
+        kinds |= {limit.kind for limit in self.limits if limit.global_cap is not None}
+        return sorted(kinds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ instead. It runs them on a plain psycopg cursor over Django's own connection
 (so the same transaction, the same error wrapping into `django.db` errors, and
 the query log when it is on), with `prepare=True`: PostgreSQL parses each one
 once per connection (see `_ready_to_prepare`) and plans it for each call's
-values, or once for all (the lean claim), as the `plan_cache_mode` of its
+values, or once for all (the claim), as the `plan_cache_mode` of its
 session settings says. Values travel apart from the text and results come in
 binary, both handled by psycopg in C.
 
@@ -56,7 +56,7 @@ NO_JIT: Setting = ("jit", "off")
 and compiling it took 80 ms of a 110 ms claim."""
 
 CUSTOM_PLANS: Setting = ("plan_cache_mode", "force_custom_plan")
-"""For the verdict write, the claim of capped or rate-limited kinds and the sweeps:
+"""For the verdict write and the sweeps:
 PostgreSQL plans a prepared statement for its parameters five times, then may
 switch to one generic plan, which for these could be a scan of the whole table
 (hundreds of ms beside a large backlog, measured on an earlier claim). With this
@@ -65,13 +65,13 @@ same for any values, keeps the generic plan on a connection that only enqueues
 (a web process): planning it on every call cost 15 % of a single enqueue."""
 
 GENERIC_PLAN: Setting = ("plan_cache_mode", "force_generic_plan")
-"""For a statement whose shape, not its values, decides its plan (the claim of
-kinds without caps or rate limits): planned once per connection instead of on
+"""For a statement whose shape, not its values, decides its plan (the claim, with or
+without capped and rate-limited kinds): planned once per connection instead of on
 every call. Planning that claim for its values took 0.6 ms of the 1.2 ms a claim
 of one job costs, and the claim is most of a wake-up's latency."""
 
 INDEX_SCANS: tuple[Setting, ...] = (("enable_seqscan", "off"), ("enable_bitmapscan", "off"))
-"""With a generic plan: every step of the lean claim is an ordered range of an
+"""With a generic plan: every step of the claim is an ordered range of an
 index. A generic plan is made once and kept until the table is next analyzed, so
 one made on an empty table (a worker idle since the last cleanup) scanned the
 whole table in every claim once a backlog arrived: 20,000 jobs drained at 6,000
@@ -79,7 +79,7 @@ jobs/s instead of 18,000. With these, the planner takes the indexes whatever its
 statistics say."""
 
 PLANNER_DEFAULTS: tuple[Setting, ...] = (("enable_seqscan", "on"), ("enable_bitmapscan", "on"))
-"""What the worker's other statements run with, on a connection the lean claim set
+"""What the worker's other statements run with, on a connection the claim set
 to index scans only."""
 
 FOR_PREPARED: tuple[Setting, ...] = (GENERIC_PLAN, *INDEX_SCANS)
@@ -88,7 +88,7 @@ whose project prepares its own statements (we do not prepare on it), where they
 would apply to the project's statements instead."""
 
 WORKER_SESSION = (NO_JIT, CUSTOM_PLANS, *PLANNER_DEFAULTS)
-"""The settings of the worker's statements but the lean claim."""
+"""The settings of the worker's statements but the claim."""
 
 OWN_TRANSACTIONS_BOUNDED: Setting = ("idle_in_transaction_session_timeout", "5s")
 """On the connections of the worker's own loops (claiming, recovering, writing results,
@@ -103,7 +103,7 @@ recovered (a claim's jobs by their lease, a verdict by the check of the journal 
 follows a lost answer)."""
 
 CLAIM_SESSION = (NO_JIT, GENERIC_PLAN, *INDEX_SCANS)
-"""The settings of the lean claim. Its connection runs little else: the worker's
+"""The settings of the claim. Its connection runs little else: the worker's
 verdicts go on another, so the session stays in this mode between wake-ups, and
 a statement that wants custom plans there (a sweep every few seconds) switches it
 with one round trip each way."""
@@ -173,6 +173,56 @@ def _fetch_prepared(
             rows = _execute(raw, sql, params, prepare=prepare)
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return rows
+
+
+Statement = tuple[str, Params]
+
+
+def fetch_pair(
+    alias: str, first: Statement, second: Statement, *, session: Sequence[Setting] = ()
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Run two statements in one transaction, the second once the first has ended (its
+    snapshot sees what the first waited for), and return the rows of each.
+
+    On the prepared path they go in one pipeline with one Sync: one round trip.
+    Each round trip of a worker's claim loop costs more than the network's time:
+    the thread waits for the interpreter's lock after it, behind the handlers'
+    threads. Elsewhere they run one after the other in a transaction.
+    """
+    import psycopg
+
+    connection = connections[alias]
+    if (
+        connection.vendor != "postgresql"
+        or not venturi_settings.PREPARED_STATEMENTS
+        or connection.execute_wrappers
+        or not psycopg.Pipeline.is_supported()
+    ):
+        from django.db import transaction
+
+        prime_session(alias, session)
+        with transaction.atomic(using=alias):
+            return fetch(alias, *first), fetch(alias, *second)
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    started = time.monotonic()
+    with connection.wrap_database_errors:
+        raw = connection.connection
+        link = _link(raw)
+        pooled = _pooled(raw, link)
+        prepare = not pooled and _set_session(raw, link, session) and _ready_to_prepare(raw)
+        with psycopg.Cursor(raw) as head, psycopg.Cursor(raw) as tail:
+            with raw.pipeline():
+                if pooled and session:  # for this transaction only, as `_fetch_pooled`
+                    raw.execute(_set_config(tuple(session), local=True), prepare=False)
+                head.execute(_binary_arrays(first[0]), first[1], prepare=prepare, binary=True)
+                tail.execute(_binary_arrays(second[0]), second[1], prepare=prepare, binary=True)
+            rows = _rows(head), _rows(tail)
+    if connection.queries_logged:
+        lasted = f"{time.monotonic() - started:.3f}"
+        connection.queries_log.extend({"sql": sql, "time": lasted} for sql, _ in (first, second))
     return rows
 
 

@@ -1,4 +1,4 @@
-"""Scheduling: queues, priorities, delays and a global concurrency cap."""
+"""Scheduling: queues, priorities, delays, a global concurrency cap and a cap per account."""
 
 from __future__ import annotations
 
@@ -25,6 +25,25 @@ class RenderReport(venturi.Task):
 
 
 # [capped end]
+
+
+# [capped per key]
+@venturi.task(
+    kind="docs.sync_account",
+    # The CRM takes two calls at once per account: each account_id gets its own two,
+    # across every worker on every host; other accounts are not held up behind it.
+    concurrency=venturi.Concurrency(2, key="account_id"),
+)
+@dataclasses.dataclass
+class SyncAccount(venturi.Task):
+    account_id: str
+    page: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
+# [capped per key end]
 
 
 # [schedule]
