@@ -14,7 +14,9 @@ Each round runs every variant once, in turn, each in a fresh database: N no-op
 FLOW_EXTRA=0 leaves those 200 jobs out (the limited kind is only registered).
 It prints, per variant, the median steady drain rate (from the handlers' own
 timestamps, the 10th to the last job) and the transactions the database
-committed per job during the drain: flow control must add no query per job.
+committed per job during the drain (flow control must add no query per job) and
+the worker's CPU time per job in the steady part (less noisy than the rate on a
+shared machine).
 """
 
 from __future__ import annotations
@@ -112,8 +114,9 @@ def committed() -> int:
     return int(row[0])
 
 
-def drain(variant: str, n: int) -> tuple[float, float]:
-    """One variant once: (steady jobs per second, transactions committed per job)."""
+def drain(variant: str, n: int) -> tuple[float, float, float]:
+    """One variant once: (steady jobs per second, transactions committed per job, the
+    worker's CPU milliseconds per job in the steady part)."""
     fresh_database()
     subprocess.run(
         [sys.executable, str(Path(__file__)), "produce", variant, str(n)],
@@ -121,6 +124,7 @@ def drain(variant: str, n: int) -> tuple[float, float]:
         check=True,
         cwd=REPO_ROOT,
     )
+    first = n // 10
     with tempfile.TemporaryDirectory() as tmp:
         sink = SinkReader(str(Path(tmp) / "sink"))
         time.sleep(0.6)  # the statistics collector's view of the database settles
@@ -132,20 +136,31 @@ def drain(variant: str, n: int) -> tuple[float, float]:
         )
         try:
             deadline = time.monotonic() + 120
+            cpu_from = done = 0
             # The sink jobs are 0 to n - 1 (the keyed variant's jobs write theirs too).
-            while sink.poll() < n or sum(1 for i in sink.times if i < n) < n:
+            while done < n:
                 if time.monotonic() > deadline or worker.poll() is not None:
                     raise RuntimeError(f"{variant}: the drain did not finish")
                 time.sleep(0.01)
+                sink.poll()
+                done = sum(1 for i in sink.times if i < n)
+                if not cpu_from and done > first:
+                    cpu_from, counted_from = cpu_seconds(worker.pid), done
+            cpu = cpu_seconds(worker.pid) - cpu_from
         finally:
             worker.terminate()
             worker.wait(timeout=30)
         time.sleep(0.6)
         after = committed()
         times = sorted(min(at) for i, at in sink.times.items() if i < n)
-    first = n // 10
     rate = (n - 1 - first) / (times[-1] - times[first])
-    return rate, (after - before) / n
+    return rate, (after - before) / n, 1000 * cpu / max(1, n - counted_from)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU time process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -160,28 +175,29 @@ def main() -> None:
     )
     options = parser.parse_args()
     variants = [variant for variant in VARIANTS if variant in options.variants]
-    results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}
+    results: dict[str, list[tuple[float, float, float]]] = {variant: [] for variant in variants}
     for round_number in range(options.rounds):
         for variant in variants:
             results[variant].append(drain(variant, options.n))
-            rate, per_job = results[variant][-1]
+            rate, per_job, cpu = results[variant][-1]
             print(
                 f"round {round_number + 1} {variant}: {rate:,.0f} jobs/s, "
-                f"{per_job:.3f} transactions per job",
+                f"{per_job:.3f} transactions per job, {cpu:.3f} worker CPU ms per job",
                 file=sys.stderr,
             )
     with psycopg.connect(admin_dsn(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{DBNAME}" WITH (FORCE)')
-    first = statistics.median(rate for rate, _ in results[variants[0]])
+    first = statistics.median(result[0] for result in results[variants[0]])
     print(
         f"| variant ({options.n:,} jobs, median of {options.rounds}) | jobs/s | vs {variants[0]} "
-        "| transactions per job |"
+        "| transactions per job | worker CPU ms per job |"
     )
-    print("|---|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|")
     for variant in variants:
-        rate = statistics.median(rate for rate, _ in results[variant])
-        per_job = statistics.median(per_job for _, per_job in results[variant])
-        print(f"| {variant} | {rate:,.0f} | {rate / first:.2f} | {per_job:.3f} |")
+        rate, per_job, cpu = (
+            statistics.median(result[index] for result in results[variant]) for index in range(3)
+        )
+        print(f"| {variant} | {rate:,.0f} | {rate / first:.2f} | {per_job:.3f} | {cpu:.3f} |")
 
 
 if __name__ == "__main__":
