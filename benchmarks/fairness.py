@@ -1,7 +1,13 @@
-"""Fair claiming between queues (issue 34): does a flooded queue hold back another?
+"""Fair claiming (issue 34): does a flooded queue hold back another? Does one account's
+backlog hold back other accounts' jobs of a fair kind?
 
     python benchmarks/fairness.py                    # 1,000,000 backlog, 5 rounds (~6 min)
     python benchmarks/fairness.py --backlog 100000 --rounds 1   # a quick look
+    python benchmarks/fairness.py --tenants          # 100,000 for one account, then 1 each for 100
+
+With `--tenants` the backlog is `--backlog` (100,000 by default) `bench.fair` jobs
+(`fair_by="key"`) of one account in queue `default`, and the newcomers are one job
+each for 100 other accounts of the same kind and queue.
 
 Each round runs two variants, in alternating order, each on a fresh backlog of
 `--backlog` due `bench.sink` jobs in queue `bulk` (inserted by SQL, then
@@ -47,30 +53,42 @@ TICKS = os.sysconf("SC_CLK_TCK")
 _BACKLOG = """
 INSERT INTO django_venturi_job (kind, queue, priority, rank, state, payload, attempt, failures,
                                 enqueued_at, run_at, merged_count, claimed_by, waiting_for,
-                                last_error)
-SELECT 'bench.sink', 'bulk', 1, 0, 'ready', jsonb_build_object('i', g), 0, 0,
-       now(), now() - interval '1 hour', 0, '', 0, ''
-FROM generate_series(0, %s - 1) AS g
+                                last_error, fair_key)
+SELECT %(kind)s, %(queue)s, 1, 0, 'ready', jsonb_build_object('i', g, 'key', 'big'), 0, 0,
+       now(), now() - interval '1 hour', 0, '', 0, '', %(fair_key)s
+FROM generate_series(0, %(backlog)s - 1) AS g
 """
 
 
-def fill(backlog: int) -> None:
+def fill(backlog: int, tenants: bool) -> None:
+    params = {
+        "kind": "bench.fair" if tenants else "bench.sink",
+        "queue": "default" if tenants else "bulk",
+        "fair_key": "big" if tenants else None,
+        "backlog": backlog,
+    }
     with psycopg.connect(admin_dsn(DBNAME), autocommit=True) as conn:
         conn.execute("TRUNCATE django_venturi_job, django_venturi_journalentry CASCADE")
-        conn.execute(_BACKLOG, [backlog])
+        conn.execute(_BACKLOG, params)
         conn.execute("ANALYZE django_venturi_job")
 
 
-def enqueue_newcomers(count: int) -> None:
-    """Run in a child process with Django set up: enqueue `count` jobs in `default`
-    and print the wall-clock time the enqueue began."""
+def enqueue_newcomers(count: int, tenants: bool) -> None:
+    """Run in a child process with Django set up: enqueue `count` jobs in `default` (one
+    each for `count` other accounts, with `tenants`) and print the wall-clock time the
+    enqueue began."""
     import django
 
     django.setup()
     import django_venturi as venturi
     from benchmarks.bench_project.benchapp import tasks
 
-    jobs = [tasks.SinkJob(i=FIRST_NEWCOMER + k) for k in range(count)]
+    jobs: list[venturi.Task] = [
+        tasks.FairJob(i=FIRST_NEWCOMER + k, key=f"t{k:03}")  # type: ignore[attr-defined]
+        if tenants
+        else tasks.SinkJob(i=FIRST_NEWCOMER + k)
+        for k in range(count)
+    ]
     began = time.time()
     venturi.enqueue_many(jobs, queue="default")
     print(began)
@@ -82,12 +100,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run(variant: str, options: argparse.Namespace) -> dict[str, float]:
-    fill(options.backlog)
+    fill(options.backlog, options.tenants)
     with tempfile.TemporaryDirectory() as tmp:
         sink = SinkReader(str(Path(tmp) / "sink"))
         worker = subprocess.Popen(
             [sys.executable, "-m", "django", "venturi_worker", "-v", "0"],
-            env=env(Path(sink.path), dbname=DBNAME),
+            env=env(Path(sink.path), fair=options.tenants, dbname=DBNAME),
             cwd=REPO_ROOT,
         )
         try:
@@ -99,8 +117,9 @@ def run(variant: str, options: argparse.Namespace) -> dict[str, float]:
             began, cpu_before = time.time(), cpu_seconds(worker.pid)
             count = NEWCOMERS if variant == "shared" else 0
             child = subprocess.run(
-                [sys.executable, str(Path(__file__)), "enqueue", str(count)],
-                env=env(dbname=DBNAME),
+                [sys.executable, str(Path(__file__)), "enqueue", str(count)]
+                + (["tenants"] if options.tenants else []),
+                env=env(fair=options.tenants, dbname=DBNAME),
                 cwd=REPO_ROOT,
                 check=True,
                 capture_output=True,
@@ -132,11 +151,18 @@ def run(variant: str, options: argparse.Namespace) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--backlog", type=int, default=None)
+    parser.add_argument(
+        "--tenants", action="store_true", help="one account's backlog of a fair kind"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warm-up", type=int, default=20_000)
-    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--window", type=float, default=None)
     options = parser.parse_args()
+    if options.backlog is None:
+        options.backlog = 100_000 if options.tenants else 1_000_000
+    if options.window is None:  # the account's backlog lasts about 10 s at defaults
+        options.window = 5.0 if options.tenants else 10.0
     fresh_database(DBNAME)
     results: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
     try:
@@ -159,8 +185,10 @@ def report(results: dict[str, list[dict[str, float]]], options: argparse.Namespa
 
     alone = median("alone", "bulk_rate")
     print(
-        f"| variant ({options.backlog:,} in bulk, median of {options.rounds}) | bulk jobs/s "
-        f"| vs alone | CPU ms/job | {NEWCOMERS} default jobs started after (p50 / p100) |"
+        f"| variant ({options.backlog:,} in {'one account' if options.tenants else 'bulk'}, "
+        f"median of {options.rounds}) | backlog jobs/s "
+        f"| vs alone | CPU ms/job | {NEWCOMERS} {'accounts' if options.tenants else 'default'} "
+        "jobs started after (p50 / p100) |"
     )
     print("|---|---:|---:|---:|---:|")
     for variant in VARIANTS:
@@ -179,7 +207,7 @@ def report(results: dict[str, list[dict[str, float]]], options: argparse.Namespa
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "enqueue":
-        enqueue_newcomers(int(sys.argv[2]))
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "enqueue":
+        enqueue_newcomers(int(sys.argv[2]), tenants=sys.argv[3:] == ["tenants"])
     else:
         main()

@@ -10,7 +10,10 @@ Each round runs every variant once, in turn, each in a fresh database: N no-op
   limited   `bench.limited` (10 a second) registered, 200 of its jobs in the same queue;
   paused    a paused queue holding 200 jobs;
   keyed     `bench.key_capped` (2 running per key) registered, 200 of its jobs over 20
-            keys in the same queue.
+            keys in the same queue;
+  fair_beside  `bench.fair` (turns by key) registered, 200 of its jobs over 20 keys in
+            the same queue;
+  fair      the N jobs are `bench.fair` jobs over 100 keys (a fair kind's own drain).
 FLOW_EXTRA=0 leaves those 200 jobs out (the limited kind is only registered).
 It prints, per variant, the median steady drain rate (from the handlers' own
 timestamps, the 10th to the last job) and the transactions the database
@@ -41,7 +44,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 SETTINGS = "benchmarks.bench_project.settings"
 DBNAME = "venturi_bench_flow"
-VARIANTS = ("plain", "limited", "paused", "keyed")
+VARIANTS = ("plain", "limited", "paused", "keyed", "fair_beside", "fair")
 EXTRA_JOBS = int(os.environ.get("FLOW_EXTRA", "200"))
 
 
@@ -55,7 +58,12 @@ def admin_dsn(dbname: str = "postgres") -> str:
 
 
 def env(
-    sink: Path | None = None, *, limited: bool = False, keyed: bool = False, dbname: str = DBNAME
+    sink: Path | None = None,
+    *,
+    limited: bool = False,
+    keyed: bool = False,
+    fair: bool = False,
+    dbname: str = DBNAME,
 ) -> dict[str, str]:
     values = dict(os.environ)
     values["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), values.get("PYTHONPATH", "")])
@@ -67,6 +75,9 @@ def env(
     values.pop("VENTURI_BENCH_KEY_CAPPED", None)
     if keyed:
         values["VENTURI_BENCH_KEY_CAPPED"] = "1"
+    values.pop("VENTURI_BENCH_FAIR", None)
+    if fair:
+        values["VENTURI_BENCH_FAIR"] = "1"
     if sink is not None:
         values["VENTURI_BENCH_SINK"] = str(sink)
     return values
@@ -93,7 +104,14 @@ def produce(variant: str, n: int) -> None:
     from benchmarks.bench_project.benchapp import tasks
 
     for start in range(0, n, 1000):
-        venturi.enqueue_many([tasks.SinkJob(i=i) for i in range(start, min(n, start + 1000))])
+        indexes = range(start, min(n, start + 1000))
+        if variant == "fair":
+            venturi.enqueue_many([tasks.FairJob(i=i, key=f"k{i % 100}") for i in indexes])  # type: ignore[attr-defined]
+        else:
+            venturi.enqueue_many([tasks.SinkJob(i=i) for i in indexes])
+    if variant == "fair_beside":
+        beside = [tasks.FairJob(i=n + i, key=f"k{i % 20}") for i in range(EXTRA_JOBS)]  # type: ignore[attr-defined]
+        venturi.enqueue_many(beside)
     if variant == "limited":
         venturi.enqueue_many([tasks.LimitedJob(i=i) for i in range(EXTRA_JOBS)])  # type: ignore[attr-defined]
     if variant == "keyed":
@@ -120,7 +138,7 @@ def drain(variant: str, n: int) -> tuple[float, float, float]:
     fresh_database()
     subprocess.run(
         [sys.executable, str(Path(__file__)), "produce", variant, str(n)],
-        env=env(limited=variant == "limited", keyed=variant == "keyed"),
+        env=variant_env(variant),
         check=True,
         cwd=REPO_ROOT,
     )
@@ -131,7 +149,7 @@ def drain(variant: str, n: int) -> tuple[float, float, float]:
         before = committed()
         worker = subprocess.Popen(
             [sys.executable, "-m", "django", "venturi_worker", "--concurrency", "32", "-v", "0"],
-            env=env(Path(sink.path), limited=variant == "limited", keyed=variant == "keyed"),
+            env=variant_env(variant, Path(sink.path)),
             cwd=REPO_ROOT,
         )
         try:
@@ -155,6 +173,16 @@ def drain(variant: str, n: int) -> tuple[float, float, float]:
         times = sorted(min(at) for i, at in sink.times.items() if i < n)
     rate = (n - 1 - first) / (times[-1] - times[first])
     return rate, (after - before) / n, 1000 * cpu / max(1, n - counted_from)
+
+
+def variant_env(variant: str, sink: Path | None = None) -> dict[str, str]:
+    """The environment of a variant's processes: its extra kind registered."""
+    return env(
+        sink,
+        limited=variant == "limited",
+        keyed=variant == "keyed",
+        fair=variant in ("fair", "fair_beside"),
+    )
 
 
 def cpu_seconds(pid: int) -> float:

@@ -67,6 +67,8 @@ class NewJob:
     """The task instance, for its `merge()` on a dedup clash."""
     size: int = 0
     """The payload's size, in bytes of compact JSON (`payloads.size.encoded_size`)."""
+    fair_key: str | None = None
+    """The value of the task's `fair_by` field, as the claim takes turns by it."""
 
 
 def job_database(using: str | None) -> str:
@@ -256,6 +258,7 @@ def prepare(
         dedup_key=key_of(spec, instance),
         instance=instance,
         size=size,
+        fair_key=spec.fair_key(payload),
     )
 
 
@@ -270,9 +273,9 @@ def _insert(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
 _INSERT_ONE_SQL = """
     WITH inserted AS (
         INSERT INTO {table}
-            (kind, queue, priority, state, payload, attempt, failures,
+            (kind, queue, priority, state, payload, fair_key, attempt, failures,
              run_at, enqueued_at, claimed_by, last_error)
-        VALUES (%s, %s, %s, %s, %s::jsonb, 0, 0,
+        VALUES (%s, %s, %s, %s, %s::jsonb, %s, 0, 0,
                 coalesce(%s::timestamptz, now() + coalesce(%s::interval, interval '0')),
                 now(), '', '')
         RETURNING id, queue, run_at, enqueued_at
@@ -290,6 +293,7 @@ def _insert_one_postgresql(alias: str, job: NewJob) -> Job:
         job.priority,
         State.READY.value,
         json.dumps(job.payload),
+        job.fair_key,
         job.run_at,
         job.delay,
         venturi_settings.NOTIFY_CHANNEL,
@@ -317,24 +321,25 @@ def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
 
 
 # The rows come in as one JSON document, `[[kind, queue, priority, payload, run_at,
-# delay seconds], ...]`: one parameter however many rows, dumped by the json module
-# in C, where arrays of text would be quoted element by element. `ord` keeps the
-# RETURNING order equal to the input order. The NOTIFY payload is the queue name
-# only, never job arguments; PostgreSQL folds identical notifications of one
-# transaction into one.
+# delay seconds, fair key (a fair kind's only)], ...]`: one parameter however many
+# rows, dumped by the json module in C, where arrays of text would be quoted element
+# by element. `ord` keeps the RETURNING order equal to the input order. The NOTIFY
+# payload is the queue name only, never job arguments; PostgreSQL folds identical
+# notifications of one transaction into one.
 _INSERT_MANY_SQL = """
     WITH rows AS (
         SELECT r.value ->> 0 AS kind, r.value ->> 1 AS queue,
                (r.value ->> 2)::smallint AS priority, r.value -> 3 AS payload,
                (r.value ->> 4)::timestamptz AS run_at,
-               make_interval(secs => (r.value ->> 5)::float8) AS delay, r.ord
+               make_interval(secs => (r.value ->> 5)::float8) AS delay,
+               r.value ->> 6 AS fair_key, r.ord
         FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS r(value, ord)
     ),
     inserted AS (
         INSERT INTO {table}
-            (kind, queue, priority, state, payload, attempt, failures,
+            (kind, queue, priority, state, payload, fair_key, attempt, failures,
              run_at, enqueued_at, claimed_by, last_error)
-        SELECT kind, queue, priority, %s, payload, 0, 0,
+        SELECT kind, queue, priority, %s, payload, fair_key, 0, 0,
                coalesce(run_at, now() + coalesce(delay, interval '0')), now(), '', ''
         FROM rows ORDER BY ord
         RETURNING id, queue, run_at, enqueued_at
@@ -348,20 +353,21 @@ _INSERT_MANY_SQL = """
 
 
 def _rows_document(new_jobs: Sequence[NewJob]) -> str:
-    return json.dumps(
-        [
-            [
-                job.kind,
-                job.queue,
-                job.priority,
-                job.payload,
-                None if job.run_at is None else job.run_at.isoformat(),
-                None if job.delay is None else job.delay.total_seconds(),
-            ]
-            for job in new_jobs
-        ],
-        separators=(",", ":"),
-    )
+    return json.dumps([_row(job) for job in new_jobs], separators=(",", ":"))
+
+
+def _row(job: NewJob) -> list[Any]:
+    row = [
+        job.kind,
+        job.queue,
+        job.priority,
+        job.payload,
+        None if job.run_at is None else job.run_at.isoformat(),
+        None if job.delay is None else job.delay.total_seconds(),
+    ]
+    if job.fair_key is not None:
+        row.append(job.fair_key)
+    return row
 
 
 def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
@@ -376,6 +382,7 @@ def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
             state=State.READY,
             payload=job.payload,
             dedup_key=job.dedup_key,
+            fair_key=job.fair_key,
             run_at=job.run_at or now + (job.delay or timedelta(0)),
             enqueued_at=now,
         )
@@ -387,9 +394,9 @@ def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
 _INSERT_KEYED_SQL = """
     WITH inserted AS (
         INSERT INTO {table}
-            (kind, queue, priority, state, payload, dedup_key, attempt, failures,
+            (kind, queue, priority, state, payload, dedup_key, fair_key, attempt, failures,
              run_at, enqueued_at, claimed_by, last_error)
-        VALUES (%s, %s, %s, %s, %s::jsonb, %s, 0, 0,
+        VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, 0, 0,
                 coalesce(%s::timestamptz, now() + coalesce(%s::interval, interval '0')),
                 now(), '', '')
         -- The arbiter is the partial unique index on ready jobs of a key.
@@ -417,6 +424,7 @@ def insert_keyed(alias: str, new_job: NewJob) -> Job | None:
         State.READY.value,
         json.dumps(new_job.payload),
         new_job.dedup_key,
+        new_job.fair_key,
         new_job.run_at,
         new_job.delay,
         venturi_settings.NOTIFY_CHANNEL,
@@ -458,6 +466,7 @@ def _loaded_many(alias: str, new_jobs: Sequence[NewJob], rows: Sequence[Any]) ->
                 "state": State.READY,
                 "payload": new_job.payload,
                 "dedup_key": new_job.dedup_key,
+                "fair_key": new_job.fair_key,
                 "merged_count": 0,
             },
         )

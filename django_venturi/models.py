@@ -85,6 +85,11 @@ class Job(models.Model):
     waiting_for = models.PositiveIntegerField(
         db_default=0, help_text="Dependencies not finished yet (a waiting job)."
     )
+    fair_key = models.TextField(  # noqa: DJ001
+        null=True,
+        blank=True,
+        help_text="The value of the task's fair_by field: the kind's jobs take turns by it.",
+    )
     dependents = models.PositiveIntegerField(
         db_default=0,
         help_text="Jobs enqueued after this one while it was unfinished (its verdict "
@@ -99,6 +104,13 @@ class Job(models.Model):
                 fields=["queue", "priority", "rank", "run_at", "id"],
                 name="venturi_job_claim_rank_idx",
                 condition=Q(state=State.READY),
+            ),
+            # The claim finds the keys of a fair kind's due jobs here, one probe each,
+            # and each key's first jobs (`claim_statement.py`).
+            models.Index(
+                fields=["queue", "priority", "rank", "kind", "fair_key", "run_at", "id"],
+                name="venturi_job_fair_idx",
+                condition=Q(state=State.READY, fair_key__isnull=False),
             ),
             # The rescuer finds expired leases without looking at other rows.
             models.Index(

@@ -13,7 +13,7 @@ from django.apps import apps
 from django_venturi.payloads import codec
 from django_venturi.states import Priority
 from django_venturi.store.backoff import Fibonacci
-from django_venturi.store.concurrency import Concurrency
+from django_venturi.store.concurrency import Concurrency, field_text
 from django_venturi.store.rate_limits import RateLimit
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -69,6 +69,13 @@ class TaskSpec:
     atomic: bool = False
     """Whether the handler runs in a transaction that also writes its verdict (see
     `atomic.py`)."""
+    fair_by: str | None = None
+    """The payload field whose values take turns in the claims (`scheduling.py`)."""
+
+    def fair_key(self, payload: Any) -> str | None:
+        """The value a job's turns are kept by (`field_text` of `fair_by`); None if the
+        task is not fair."""
+        return None if self.fair_by is None else field_text(self.fair_by, payload)
 
     @property
     def is_async(self) -> bool:

@@ -150,6 +150,7 @@ def task(
     timeout: timedelta | None = None,
     rate_limit: RateLimit | None = None,
     atomic: bool = False,
+    fair_by: str | None = None,
 ) -> Callable[[T], T]: ...
 
 
@@ -169,6 +170,7 @@ def task(
     timeout: timedelta | None = None,
     rate_limit: RateLimit | None = None,
     atomic: bool = False,
+    fair_by: str | None = None,
 ) -> T | Callable[[T], T]:
     """Register a dataclass with a `handle(self, ctx)` method as a task.
 
@@ -179,6 +181,9 @@ def task(
     `atomic=True` runs the handler inside `transaction.atomic()` on the jobs'
     database and writes the job's verdict in that same transaction, fenced by
     the run's claim: a run that lost its claim, or raised, commits nothing.
+
+    `fair_by="account_id"`: the kind's due jobs take turns by the values of that
+    payload field (one account's backlog cannot hold back another account's job).
     """
 
     def register(target: T) -> T:
@@ -196,6 +201,7 @@ def task(
             timeout=timeout,
             rate_limit=rate_limit,
             atomic=atomic,
+            fair_by=fair_by,
         )
         for name in _ENQUEUE_METHODS:
             if not hasattr(target, name):
@@ -238,6 +244,13 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
     if not isinstance(options["priority"], int) or options["priority"] not in Priority.values:
         raise RegistrationError(f"{name}: priority must be a venturi.Priority")
     _check_rate_limit(target, name, options["rate_limit"])
+    fair_by = options["fair_by"]
+    if fair_by is not None:
+        if not isinstance(fair_by, str) or not fair_by:
+            raise RegistrationError(
+                f"{name}: fair_by must be a payload field's name, got {fair_by!r}"
+            )
+        _check_payload_field(target, name, "fair_by", fair_by)
     if not isinstance(options["atomic"], bool):
         raise RegistrationError(f"{name}: atomic must be True or False")
     spec = TaskSpec(
@@ -254,6 +267,7 @@ def _build_spec(target: type, **options: Any) -> TaskSpec:
         timeout=options["timeout"],
         rate_limit=options["rate_limit"],
         atomic=options["atomic"],
+        fair_by=fair_by,
     )
     if spec.atomic and spec.is_async:
         raise RegistrationError(

@@ -99,6 +99,7 @@ def _drain(
             kinds=wanted,
             leases=[registry.get(kind).lease or venturi_settings.DEFAULT_LEASE for kind in wanted],
             queues=list(queues) if queues is not None else None,
+            fair_kinds=[kind for kind in wanted if registry.get(kind).fair_by is not None],
         )
         claimed = claim(alias, request, clock)
         if not claimed:

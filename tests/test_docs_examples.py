@@ -211,6 +211,19 @@ def test_fair_queues_share_claims_by_weight() -> None:
     assert [run.kind == receipt for run in ran[:10]] == [False, *[True] * 4, False, *[True] * 4]
 
 
+def test_accounts_take_turns_so_a_big_import_holds_back_no_small_one() -> None:
+    scheduling.import_contacts("acme", 300)
+    small = {
+        job.pk
+        for account in ("globex", "hooli", "initech")
+        for job in scheduling.import_contacts(account, 1)
+    }
+    ran = drain()
+    assert len(ran) == 303
+    # One claim (100 places, four accounts): the three small imports are in it.
+    assert {run.job_id for run in ran[:100]} >= small
+
+
 def test_a_cap_per_account_holds_while_a_worker_drains(workers: Workers) -> None:
     assert scheduling.SyncAccount.venturi_spec.concurrency == venturi.Concurrency(  # type: ignore[attr-defined]
         2, key="account_id"

@@ -15,8 +15,9 @@ from typing import Any
 from django.db.models import Count, Min
 
 from django_venturi.conf import venturi_settings
-from django_venturi.observe import cap_stats, rate_limit_stats
+from django_venturi.observe import cap_stats, fair_stats, rate_limit_stats
 from django_venturi.observe.cap_stats import CapUse
+from django_venturi.observe.fair_stats import FairUse
 from django_venturi.observe.rate_limit_stats import RateLimitUse
 from django_venturi.states import State
 from django_venturi.store import registration, tallies
@@ -113,6 +114,8 @@ class Stats:
     """Each rate-limited kind this process knows: its use now and its due jobs."""
     caps: list[CapUse] = dataclasses.field(default_factory=list)
     """Each kind with a concurrency cap this process knows: its places held and due jobs."""
+    fair: list[FairUse] = dataclasses.field(default_factory=list)
+    """Each fair kind this process knows: its keys with due jobs and the busiest ones."""
     pauses: list[Paused] = dataclasses.field(default_factory=list)
     """Paused queues and kinds, with who paused them and when."""
 
@@ -196,6 +199,7 @@ class Stats:
             "orphan_kinds": [orphan.as_dict() for orphan in self.orphan_kinds],
             "rate_limits": [use.as_dict() for use in self.rate_limits],
             "caps": [use.as_dict() for use in self.caps],
+            "fair": [use.as_dict() for use in self.fair],
             "pauses": [pause.as_dict() for pause in self.pauses],
         }
 
@@ -238,6 +242,7 @@ def stats(*, using: str | None = None, stale_after: timedelta | None = None) -> 
         orphan_kinds=find_orphan_kinds(alias, now=now, stale_after=stale_after),
         rate_limits=rate_limit_stats.usage(alias, now),
         caps=cap_stats.usage(alias, now),
+        fair=fair_stats.usage(alias, now),
         pauses=paused(using=alias),
     )
 

@@ -147,9 +147,14 @@ def claim(
     if connections[alias].vendor == "postgresql":
         jobs = _claim_postgresql(alias, request, clock, token)
     else:
-        jobs = Claimed(claim_orm(alias, request, clock, token))
-    ordered = Claimed(_in_turn_order(jobs, clock), counted_later=jobs.counted_later)
+        jobs = claim_orm(alias, request, clock, token)
+    ordered = Claimed(
+        _in_turn_order(jobs, clock),
+        counted_later=jobs.counted_later,
+        fair_cursors=jobs.fair_cursors,
+    )
     clock.record(((job.priority, job.queue) for job in ordered), limit=request.limit)
+    clock.advance_fair(jobs.fair_cursors)
     return ordered
 
 
@@ -210,7 +215,8 @@ def _claim_postgresql(
     session = claim_session(request)
     sent = time.monotonic()
     if not request.serialised:
-        return Claimed(_claimed(statements.fetch(alias, sql, params, session=session), token, sent))
+        rows = statements.fetch(alias, sql, params, session=session)
+        return Claimed(_claimed(rows, token, sent), fair_cursors=_fair_turns(rows))
     # Inside a caller's transaction (a test's), the lock lasts as long as it does,
     # and the bounds would reach its later statements: left to the caller.
     bounded = not connections[alias].in_atomic_block
@@ -237,7 +243,11 @@ def _claim_postgresql(
     # Another claim is counting (or its worker stopped answering, until the server
     # ends its session): the statement took the kinds that need no count, and left
     # the others for a claim shortly.
-    return Claimed(_claimed(rows, token, sent), counted_later=not locked[0][0])
+    return Claimed(
+        _claimed(rows, token, sent),
+        counted_later=not locked[0][0],
+        fair_cursors=_fair_turns(rows),
+    )
 
 
 _HOLD = str(int(CAPS_LOCK_HOLD.total_seconds() * 1000))
@@ -267,9 +277,21 @@ def _claimed(rows: list[tuple[Any, ...]], token: uuid.UUID, sent: float) -> list
             claim_sent=sent,
             has_dependents=row[11],
             keyed=row[12],
+            fair_key=row[13],
         )
         for row in rows
     ]
+
+
+def _fair_turns(rows: list[tuple[Any, ...]]) -> dict[str, str]:
+    """Per fair kind, the key of its last turn in this claim (the rows' last two columns:
+    fair key, turn): where the kind's next claim starts."""
+    last: dict[str, tuple[int, str]] = {}
+    for row in rows:
+        key, turn = row[13], row[14]
+        if turn is not None and (row[1] not in last or turn > last[row[1]][0]):
+            last[row[1]] = (turn, key)
+    return {kind: key for kind, (_, key) in last.items()}
 
 
 def prime_claim_session(alias: str, request: ClaimRequest) -> None:
@@ -282,8 +304,9 @@ def claim_session(request: ClaimRequest) -> tuple[statements.Setting, ...]:
     """The session settings of this request's claim: one generic plan, made once per
     connection. Each claim's plan follows from its shape (every step a range of an
     index, whatever the values), and planning the full claim, which counts running
-    jobs and starts, for its values took 2 ms of each claim (0.6 ms the lean one)."""
-    return statements.CLAIM_SESSION
+    jobs and starts, for its values took 2 ms of each claim (0.6 ms the lean one).
+    A claim of fair kinds keeps its probes in the fair index (`statements.NO_SORTS`)."""
+    return statements.FAIR_CLAIM_SESSION if request.fair_kinds else statements.CLAIM_SESSION
 
 
 def _json(value: str | None) -> Any:

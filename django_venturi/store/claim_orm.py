@@ -22,16 +22,21 @@ from django.utils import timezone
 
 from django_venturi.models import Job, RateStart
 from django_venturi.states import State
-from django_venturi.store.claim_types import ClaimedJob, ClaimRequest, KindLimit, Upcoming
+from django_venturi.store.claim_fair import fair_rows_orm, last_turns
+from django_venturi.store.claim_types import (
+    Claimed,
+    ClaimedJob,
+    ClaimRequest,
+    KindLimit,
+    Upcoming,
+)
 from django_venturi.store.concurrency import field_text, payload_key
 from django_venturi.store.pauses import paused_names
 from django_venturi.store.rate_limits import RateRule, key_value, next_opening
 from django_venturi.store.scheduling import TIERS, TierClock
 
 
-def claim_orm(
-    alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
-) -> list[ClaimedJob]:
+def claim_orm(alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID) -> Claimed:
     """`claim.claim` off PostgreSQL: the jobs it took, in id order (`claim` puts them
     in turn order)."""
     with transaction.atomic(using=alias):
@@ -64,10 +69,13 @@ def claim_orm(
         if request.queues is not None:
             due = due.filter(queue__in=list(request.queues))
         due = keys.without_full_keys(rates.without_full_keys(due))
+        turns: dict[int, tuple[str, int, str]] = {}
         candidates = [
             candidate
             for tier in TIERS
-            for candidate in _tier_candidates(due.filter(priority=tier), tier, clock, request.limit)
+            for candidate in _tier_candidates(
+                due.filter(priority=tier), tier, clock, request, turns
+            )
         ]
         chosen: list[int] = []
         for _, _, job_id, kind, payload in sorted(candidates, key=lambda entry: entry[:3]):
@@ -92,7 +100,7 @@ def claim_orm(
                 started_at=now,
                 lease_expires_at=now + request.lease_of(kind),
             )
-    return [
+    claimed = (
         ClaimedJob.from_row(
             job,
             attempt=job.attempt + 1,
@@ -102,22 +110,31 @@ def claim_orm(
             claim_sent=sent,
         )
         for job in jobs
-    ]
+    )
+    return Claimed(claimed, fair_cursors=last_turns(chosen, turns))
 
 
 def _tier_candidates(
-    due: QuerySet[Job], tier: int, clock: TierClock, limit: int
+    due: QuerySet[Job],
+    tier: int,
+    clock: TierClock,
+    request: ClaimRequest,
+    turns: dict[int, tuple[str, int, str]],
 ) -> list[tuple[float, int, int, str, Any]]:
     """The first `limit` due jobs of each queue in a tier, with their tier turns (taken
-    in the order of their queue turns, as the PostgreSQL statement does)."""
+    in the order of their queue turns, as the PostgreSQL statement does); a fair
+    kind's places go to its keys in turn (`claim_fair.fair_rows_orm`)."""
     queues = due.order_by().values_list("queue", flat=True).distinct()
     in_queue_turns: list[tuple[float, int, datetime, int, str, Any]] = []
     for queue in queues:  # the turns order the candidates, not this loop
+        in_queue = due.filter(queue=queue)
         rows = list(
-            due.filter(queue=queue)
-            .order_by("rank", "run_at", "id")
-            .values_list("rank", "run_at", "id", "kind", "payload")[:limit]
+            in_queue.order_by("rank", "run_at", "id").values_list(
+                "rank", "run_at", "id", "kind", "payload"
+            )[: request.limit]
         )
+        if request.fair_kinds:
+            rows = fair_rows_orm(in_queue, rows, request.fair_kinds, clock, turns)
         queue_turns = clock.queue_turns(tier, queue, len(rows))
         in_queue_turns.extend((turn, *row) for turn, row in zip(queue_turns, rows, strict=True))
     in_queue_turns.sort(key=lambda entry: entry[:4])

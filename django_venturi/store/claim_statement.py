@@ -19,6 +19,8 @@ from typing import Any
 from django.db import connections
 
 from django_venturi.models import Job, Pause, RateStart
+from django_venturi.store.claim_fair import FAIR_CTES, FAIR_KEYS
+from django_venturi.store.claim_gates import RATES, ROW_GATES, ROW_KEYS
 from django_venturi.store.claim_types import ClaimRequest
 from django_venturi.store.scheduling import TIERS, TierClock
 
@@ -69,34 +71,6 @@ slots(queue, priority, rank) AS (
           AND (priority, rank) > (slots.priority, slots.rank)
         ORDER BY priority, rank LIMIT 1
     ) AS following
-)
-"""
-
-_RATES = """
--- Rate-limited kinds, and the starts each one's window still counts, per key. A
--- claim of a limited kind holds the caps advisory lock, taken before this
--- statement began, so the counts are exact. `clock_timestamp()` is read once,
--- after that lock: the time the starts are recorded at.
-rates(kind, cap, seconds, field) AS (
-    SELECT * FROM unnest(%(rate_kinds)s::text[], %(rate_caps)s::integer[],
-                         %(rate_seconds)s::float8[], %(rate_fields)s::text[])
-),
-clock(at) AS (SELECT clock_timestamp()),
-used(kind, key, used) AS (
-    SELECT counted.kind, counted.key, count(*)
-    FROM rates JOIN {ledger} AS counted ON counted.kind = rates.kind
-    WHERE counted.started_at > (SELECT at FROM clock) - make_interval(secs => rates.seconds)
-    GROUP BY counted.kind, counted.key
-),
--- Kinds and keys at their limit: their jobs are left out of the scan, so they
--- never crowd out others.
-exhausted(kind, key, keyed) AS (
-    SELECT used.kind, used.key, rates.field IS NOT NULL
-    FROM used JOIN rates ON rates.kind = used.kind
-    WHERE used.used >= rates.cap
-),
-keyed_exhausted(kinds) AS (
-    SELECT coalesce(array_agg(DISTINCT kind), '{{}}') FROM exhausted WHERE keyed
 )
 """
 
@@ -193,23 +167,14 @@ eligible(kinds) AS (
 -- the partial claim index (queue, priority, rank, run_at, id), so its cost does
 -- not grow with the backlog. SKIP LOCKED passes over rows that another worker
 -- is claiming right now instead of waiting for it.
-pool AS (
+scanned AS (
     SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, c.cap_key,
-           {slot_turns}
+           c.fair_key, {slot_turns}
     FROM slots
     {slot_joins}
     CROSS JOIN LATERAL (
-        SELECT id, kind, priority, rank, run_at,
-               -- The value a keyed rate limit counts this job's start under.
-               CASE WHEN kind = ANY(%(keyed_kinds)s::text[])
-                    THEN coalesce(payload ->> (SELECT field FROM rates
-                                               WHERE rates.kind = {table}.kind), '')
-                    ELSE '' END AS rate_key,
-               -- The value a keyed cap counts this job's run under.
-               CASE WHEN kind = ANY(%(cap_keyed_kinds)s::text[])
-                    THEN coalesce(payload ->> (SELECT field FROM limits
-                                               WHERE limits.kind = {table}.kind), '')
-                    ELSE '' END AS cap_key
+        SELECT id, kind, priority, rank, run_at, fair_key,
+               {row_keys}
         FROM {table}
         WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
           AND rank = slots.rank AND run_at <= now()
@@ -217,34 +182,21 @@ pool AS (
                -- Django Tasks jobs, whatever their function (NULL: none).
                OR (starts_with(kind, %(kind_prefix)s::text)
                    AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
-          -- A dedup follow-up waits behind the running job of its key.
-          AND (dedup_key IS NULL OR NOT EXISTS (
-                SELECT 1 FROM {table} AS ahead
-                WHERE ahead.state = 'running' AND ahead.kind = {table}.kind
-                  AND ahead.dedup_key = {table}.dedup_key))
-          -- A job whose rate-limit key is at its limit waits, out of the way.
-          AND (kind <> ALL((SELECT kinds FROM keyed_exhausted)::text[]) OR NOT EXISTS (
-                SELECT 1 FROM exhausted JOIN rates ON rates.kind = exhausted.kind
-                WHERE exhausted.kind = {table}.kind AND exhausted.keyed
-                  AND exhausted.key = coalesce({table}.payload ->> rates.field, '')))
-          -- So does a job whose cap key is at its cap.
-          AND (kind <> ALL(%(cap_keyed_kinds)s::text[]) OR NOT EXISTS (
-                SELECT 1 FROM full_keys JOIN limits ON limits.kind = full_keys.kind
-                WHERE full_keys.kind = {table}.kind
-                  AND full_keys.key = coalesce({table}.payload ->> limits.field, '')))
+          {row_gates}
         ORDER BY run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
 ),
+{fair},
 {queued},
 -- With one slot (one queue and tier: the common case), the turns order nothing
 -- but the enqueue order: the one-time filters skip their sorts (turn 0 for all).
 ranked AS (
-    SELECT id, kind, priority, run_at, rate_key, cap_key, {tier_turn} AS turn
+    SELECT id, kind, priority, run_at, rate_key, cap_key, fair_turn, {tier_turn} AS turn
     FROM queued WHERE (SELECT count(*) FROM slots) > 1
     UNION ALL
-    SELECT id, kind, priority, run_at, rate_key, cap_key, 0::float8 AS turn
+    SELECT id, kind, priority, run_at, rate_key, cap_key, fair_turn, 0::float8 AS turn
     FROM pool WHERE (SELECT count(*) FROM slots) = 1
 ),
 -- A capped kind contributes no more candidates than its room (each key of a keyed
@@ -253,7 +205,7 @@ ranked AS (
 -- more than `start_room`. Only their candidates are counted (a few window sorts of
 -- them, not of a whole claim's).
 capped AS (
-    SELECT id, priority, run_at, turn, kind, rate_key, cap_key,
+    SELECT id, priority, run_at, turn, kind, rate_key, cap_key, fair_turn,
            row_number() OVER (PARTITION BY kind ORDER BY turn, priority, run_at, id) AS kind_rank,
            row_number() OVER (PARTITION BY kind, rate_key
                               ORDER BY turn, priority, run_at, id) AS key_rank,
@@ -266,7 +218,7 @@ capped AS (
 ),
 passed AS (
     SELECT capped.id, capped.kind, capped.rate_key, capped.turn, capped.priority,
-           capped.run_at, rates.kind IS NOT NULL AS limited
+           capped.run_at, capped.fair_turn, rates.kind IS NOT NULL AS limited
     FROM capped
     LEFT JOIN room ON room.kind = capped.kind
     LEFT JOIN limits ON limits.kind = capped.kind
@@ -280,16 +232,18 @@ passed AS (
            OR capped.counted_rank <= %(start_room)s::integer)
 ),
 candidates AS (
-    SELECT id, kind, rate_key, turn, priority, run_at, false AS limited FROM ranked
+    SELECT id, kind, rate_key, turn, priority, run_at, fair_turn, false AS limited FROM ranked
     WHERE kind <> ALL(%(limited_kinds)s::text[])
     UNION ALL
-    SELECT id, kind, rate_key, turn, priority, run_at, limited FROM passed
+    SELECT id, kind, rate_key, turn, priority, run_at, fair_turn, limited FROM passed
 ),
 -- One slot: its candidates, at most `limit`, are the claim (no sort).
 chosen AS (
-    SELECT id, kind, rate_key, limited FROM candidates WHERE (SELECT count(*) FROM slots) = 1
+    SELECT id, kind, rate_key, limited, fair_turn FROM candidates
+    WHERE (SELECT count(*) FROM slots) = 1
     UNION ALL
-    (SELECT id, kind, rate_key, limited FROM candidates WHERE (SELECT count(*) FROM slots) > 1
+    (SELECT id, kind, rate_key, limited, fair_turn FROM candidates
+     WHERE (SELECT count(*) FROM slots) > 1
      ORDER BY turn, priority, run_at, id
      LIMIT %(limit)s)
 ),
@@ -312,7 +266,8 @@ leases(kind, seconds) AS (
 ),
 -- Each chosen job's lease: its kind's, or the prefix lease for a Django Tasks job.
 leased AS (
-    SELECT chosen.id, coalesce(leases.seconds, %(prefix_lease_seconds)s::float8) AS seconds
+    SELECT chosen.id, coalesce(leases.seconds, %(prefix_lease_seconds)s::float8) AS seconds,
+           {fair_turn} AS fair_turn
     FROM chosen LEFT JOIN leases ON leases.kind = chosen.kind
 )
 UPDATE {table} AS job
@@ -330,7 +285,7 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 -- binary, where psycopg would decode jsonb itself; Django's loads it as text).
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
           job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
-          job.dependents > 0, job.dedup_key IS NOT NULL
+          job.dependents > 0, job.dedup_key IS NOT NULL, job.fair_key, leased.fair_turn
 """
 
 # The claim when no claimable kind is capped or rate-limited (the common case):
@@ -397,17 +352,23 @@ def _tables(alias: str) -> dict[str, str]:
     }
 
 
-def fragments(alias: str, listed_queues: bool) -> dict[str, str]:
-    """The statement's shared parts, with the table names filled in."""
+def fragments(alias: str, listed_queues: bool, *, full: bool = False) -> dict[str, str]:
+    """The statement's shared parts, with the table names filled in (`full`: for the
+    full claim, whose chosen jobs carry their fair turns)."""
     tables = _tables(alias)
     served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
+    rows = {"row_keys": ROW_KEYS.format(**tables), "row_gates": ROW_GATES.format(**tables)}
     return {
         **tables,
+        **rows,
         "served": served.format(**tables),
         "paused": _PAUSED.format(**tables),
-        "rates": _RATES.format(**tables),
+        "rates": RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
-        "claim_tail": _CLAIM_TAIL.format(**tables),
+        "fair": FAIR_CTES.format(**tables, **rows),
+        "claim_tail": _CLAIM_TAIL.format(
+            **tables, fair_turn="chosen.fair_turn" if full else "NULL::bigint"
+        ),
         "tiers": _TURNS,
         "slot_turns": _SLOT_TURNS,
         "slot_joins": _SLOT_JOINS,
@@ -421,7 +382,7 @@ def _claim_sql(alias: str, listed_queues: bool, limited: bool) -> str:
     """The claim statement: for given queues or all, with or without capped and
     rate-limited kinds (made once per shape: it is long to format)."""
     template = _CLAIM_SQL if limited else _CLAIM_UNLIMITED_SQL
-    return _compact(template.format(**fragments(alias, listed_queues)))
+    return _compact(template.format(**fragments(alias, listed_queues, full=limited)))
 
 
 def _compact(sql: str) -> str:
@@ -477,6 +438,9 @@ def postgresql_statement(
         "cap_keyed_kinds": [limit.kind for limit in request.limits if limit.key is not None],
         "counted_kinds": request.started_at_once(),
         "serialised_kinds": request.serialised_kinds(),
+        "fair_kinds": list(request.fair_kinds),
+        "fair_cursors": [clock.fair_cursor(kind) for kind in request.fair_kinds],
+        "fair_keys": min(request.limit, FAIR_KEYS),
         "limited_kinds": sorted(
             {limit.kind for limit in request.limits} | {rule.kind for rule in request.rates}
         ),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -53,6 +53,8 @@ class ClaimedJob:
     resolves them in the verdict's transaction)."""
     keyed: bool = False
     """Whether it has a dedup key: a follow-up of its key may wait for its verdict."""
+    fair_key: str | None = None
+    """A fair kind's job: the value of its `fair_by` field (the claim's turns go by it)."""
 
     def start_after(self, waited: float) -> None:
         """Its handler starts `waited` seconds after the claim: date the run from there.
@@ -99,6 +101,7 @@ class ClaimedJob:
             claim_sent=time.monotonic() if claim_sent is None else claim_sent,
             has_dependents=job.dependents > 0,
             keyed=job.dedup_key is not None,
+            fair_key=job.fair_key,
         )
 
 
@@ -107,14 +110,23 @@ class Claimed(list[ClaimedJob]):
 
     `counted_later`: the claim left the capped and rate-limited kinds for later,
     because another claim was counting them (it held the caps lock, see
-    `claim.py`); the claimer tries them again shortly. A plain list otherwise.
+    `claim.py`); the claimer tries them again shortly. `fair_cursors`: per fair
+    kind, the key of its last turn in this claim (`claim_fair.py`). A plain list
+    otherwise.
     """
 
-    __slots__ = ("counted_later",)
+    __slots__ = ("counted_later", "fair_cursors")
 
-    def __init__(self, jobs: Iterable[ClaimedJob] = (), *, counted_later: bool = False) -> None:
+    def __init__(
+        self,
+        jobs: Iterable[ClaimedJob] = (),
+        *,
+        counted_later: bool = False,
+        fair_cursors: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(jobs)
         self.counted_later = counted_later
+        self.fair_cursors: Mapping[str, str] = fair_cursors or {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -150,6 +162,8 @@ class ClaimRequest:
     """The lease of the jobs claimed through `kind_prefix`."""
     rates: Sequence[RateRule] = ()
     """Rate limits on some kinds; the claim counts and records their starts."""
+    fair_kinds: Sequence[str] = ()
+    """Kinds whose jobs take turns by their `fair_by` field (`claim_fair.py`)."""
     start_room: int | None = None
     """How many jobs of rate-limited and per-key capped kinds this claim may take
     (None: no bound).
@@ -178,7 +192,7 @@ class ClaimRequest:
     def limited(self) -> bool:
         """Whether a kind it may take is capped or rate-limited (the full claim statement;
         such a kind may take the places of other kinds' jobs in a short claim)."""
-        return bool(self.limits or self.rates)
+        return bool(self.limits or self.rates or self.fair_kinds)
 
     @property
     def serialised(self) -> bool:

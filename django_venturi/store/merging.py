@@ -131,10 +131,12 @@ def _enqueue_keyed(alias: str, new_job: K, insert: Insert[K]) -> Job:
 
 def _apply(alias: str, spec: TaskSpec, new_job: K, job: Job, decision: Merge) -> Job:
     payload = new_payload(spec, new_job.instance, decision)
+    # A fair kind's key follows its payload (None: the key stays as it is).
+    fair_key = None if payload is None else spec.fair_key(payload)
     if connections[alias].vendor == "postgresql":
-        _apply_postgresql(alias, job, payload, decision)
+        _apply_postgresql(alias, job, payload, decision, fair_key)
     else:
-        _apply_orm(alias, job, payload, decision)
+        _apply_orm(alias, job, payload, decision, fair_key)
     logger.debug(
         "merged a %s enqueue into job %d (%s)",
         job.kind,
@@ -151,6 +153,7 @@ WITH merged AS (
     SET merged_count = merged_count + 1,
         last_merged_at = now(),
         payload = coalesce(%s::jsonb, payload),
+        fair_key = coalesce(%s, fair_key),
         run_at = coalesce(%s::timestamptz, run_at),
         priority = coalesce(%s::smallint, priority)
     WHERE id = %s
@@ -164,7 +167,7 @@ FROM merged
 
 
 def _apply_postgresql(
-    alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge
+    alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge, fair_key: str | None
 ) -> None:
     from django_venturi.conf import venturi_settings
     from django_venturi.models import Job
@@ -173,6 +176,7 @@ def _apply_postgresql(
     sql = _MERGE_SQL.format(table=connection.ops.quote_name(Job._meta.db_table))
     params = [
         None if payload is None else json.dumps(payload),
+        fair_key,
         decision.run_at,
         None if decision.priority is None else int(decision.priority),
         job.pk,
@@ -185,14 +189,21 @@ def _apply_postgresql(
     stored = row[0]
     job.payload = json.loads(stored) if isinstance(stored, str) else stored
     job.run_at, job.priority, job.merged_count, job.last_merged_at = row[1:5]
+    if fair_key is not None:
+        job.fair_key = fair_key
 
 
-def _apply_orm(alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge) -> None:
+def _apply_orm(
+    alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge, fair_key: str | None
+) -> None:
     from django_venturi.models import Job
 
     changes: dict[str, Any] = {"merged_count": F("merged_count") + 1, "last_merged_at": Now()}
     changes.update(decided_changes(payload, decision))
+    if fair_key is not None:
+        changes["fair_key"] = fair_key
     Job.objects.using(alias).filter(pk=job.pk).update(**changes)
     job.refresh_from_db(
-        using=alias, fields=["payload", "run_at", "priority", "merged_count", "last_merged_at"]
+        using=alias,
+        fields=["payload", "fair_key", "run_at", "priority", "merged_count", "last_merged_at"],
     )

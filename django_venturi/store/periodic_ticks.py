@@ -73,6 +73,7 @@ def _enqueue_tick_postgresql(alias: str, new: NewJob, tick: datetime) -> int | N
         State.READY.value,
         json.dumps(new.payload),
         new.dedup_key,
+        new.fair_key,
         tick,
         tick,
         venturi_settings.NOTIFY_CHANNEL,
@@ -113,6 +114,7 @@ def _enqueue_tick_sqlite(alias: str, new: NewJob, tick: datetime) -> int | None:
                     state=State.READY,
                     payload=new.payload,
                     dedup_key=new.dedup_key,
+                    fair_key=new.fair_key,
                     run_at=tick,
                     enqueued_at=database_time(alias),
                     periodic_tick=tick,
@@ -159,9 +161,9 @@ _ENQUEUE_TICK_SQL = """
         -- The job, only if the tick was recorded. A ready job of the task's dedup key
         -- in the way, or the tick's job from before ticks were recorded: no insert.
         INSERT INTO {jobs}
-            (id, kind, queue, priority, state, payload, dedup_key, attempt, failures,
-             run_at, enqueued_at, claimed_by, last_error, periodic_tick)
-        SELECT job_id, %s, %s, %s, %s, %s::jsonb, %s, 0, 0, %s, now(), '', '', %s
+            (id, kind, queue, priority, state, payload, dedup_key, fair_key, attempt,
+             failures, run_at, enqueued_at, claimed_by, last_error, periodic_tick)
+        SELECT job_id, %s, %s, %s, %s, %s::jsonb, %s, %s, 0, 0, %s, now(), '', '', %s
         FROM recorded
         ON CONFLICT DO NOTHING
         RETURNING id, queue

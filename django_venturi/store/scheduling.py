@@ -18,6 +18,10 @@ of a tier are kept relative to the turn its last claim reached: a queue this
 worker took nothing from lately (no clock, or one that fell below the reached
 turn) starts one stride below it, just ahead of the queues that were served,
 and banks no credit while it had no work.
+
+A fair kind's keys (`fair_by`) take turns round robin within the places the kind
+gets (`claim_fair.py`): each worker keeps, per fair kind, the last key it served
+(`fair_cursor`), and its next claim starts at the key after it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,16 @@ class TierClock:
         self.queues: list[dict[str, float]] = [{} for _ in TIERS]
         """Per tier, the clock of each queue claimed from lately (relative to the
         turn the tier's last claim reached; a queue not listed is at `-stride`)."""
+        self.fair_cursors: dict[str, str] = {}
+        """Per fair kind, the key this worker served last ("": none yet)."""
+
+    def fair_cursor(self, kind: str) -> str:
+        """The key of `kind` this worker served last: its next claim starts after it."""
+        return self.fair_cursors.get(kind, "")
+
+    def advance_fair(self, last_keys: Mapping[str, str]) -> None:
+        """Move each fair kind's cursor to the key of its last turn in a claim."""
+        self.fair_cursors.update(last_keys)
 
     def offsets(self) -> list[float]:
         """The clock of each tier, in `TIERS` order."""

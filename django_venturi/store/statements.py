@@ -78,11 +78,24 @@ whole table in every claim once a backlog arrived: 20,000 jobs drained at 6,000
 jobs/s instead of 18,000. With these, the planner takes the indexes whatever its
 statistics say."""
 
-PLANNER_DEFAULTS: tuple[Setting, ...] = (("enable_seqscan", "on"), ("enable_bitmapscan", "on"))
+NO_SORTS: Setting = ("enable_sort", "off")
+"""With a generic plan of the claim of a fair kind: its probes of each key's jobs read
+the fair index in its order. Planned while the table's statistics said it was nearly
+empty (a burst after a quiet spell, before autovacuum's next analyze), they read
+another index and sorted: each probe scanned the whole backlog (0.7 s a claim of
+20,000 jobs). The claim's other sorts have no alternative and stay."""
+
+SORTS: Setting = ("enable_sort", "on")
+
+PLANNER_DEFAULTS: tuple[Setting, ...] = (
+    ("enable_seqscan", "on"),
+    ("enable_bitmapscan", "on"),
+    SORTS,
+)
 """What the worker's other statements run with, on a connection the claim set
 to index scans only."""
 
-FOR_PREPARED: tuple[Setting, ...] = (GENERIC_PLAN, *INDEX_SCANS)
+FOR_PREPARED: tuple[Setting, ...] = (GENERIC_PLAN, *INDEX_SCANS, NO_SORTS)
 """Settings that serve a statement prepared once for all calls: left off a connection
 whose project prepares its own statements (we do not prepare on it), where they
 would apply to the project's statements instead."""
@@ -102,11 +115,14 @@ back to back, so only a stalled client reaches the bound, and what it rolls back
 recovered (a claim's jobs by their lease, a verdict by the check of the journal that
 follows a lost answer)."""
 
-CLAIM_SESSION = (NO_JIT, GENERIC_PLAN, *INDEX_SCANS)
+CLAIM_SESSION = (NO_JIT, GENERIC_PLAN, *INDEX_SCANS, SORTS)
 """The settings of the claim. Its connection runs little else: the worker's
 verdicts go on another, so the session stays in this mode between wake-ups, and
 a statement that wants custom plans there (a sweep every few seconds) switches it
 with one round trip each way."""
+
+FAIR_CLAIM_SESSION = (NO_JIT, GENERIC_PLAN, *INDEX_SCANS, NO_SORTS)
+"""The settings of the claim when a fair kind may be claimed (`NO_SORTS`)."""
 
 
 @dataclasses.dataclass
@@ -424,7 +440,7 @@ def reset_planner(alias: str) -> None:
             del link.applied[name]
 
 
-_PLANNER_NAMES = frozenset(name for name, _ in (CUSTOM_PLANS, *INDEX_SCANS))
+_PLANNER_NAMES = frozenset(name for name, _ in (CUSTOM_PLANS, *INDEX_SCANS, NO_SORTS))
 _RESET_PLANNER = "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name = ANY(%s)"
 
 

@@ -301,6 +301,7 @@ class Claimer:
             kind_prefix=self.tasks_kind_prefix,
             prefix_lease=venturi_settings.DEFAULT_LEASE,
             rates=self._rates(kinds),
+            fair_kinds=[kind for kind in kinds if registry.get(kind).fair_by is not None],
             start_room=self.handlers.slots() - self.runs.busy(),
         )
 

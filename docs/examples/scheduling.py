@@ -1,4 +1,5 @@
-"""Scheduling: queues, priorities, delays, a global concurrency cap and a cap per account."""
+"""Scheduling: queues, priorities, delays, fair queues and accounts, a global concurrency cap
+and a cap per account."""
 
 from __future__ import annotations
 
@@ -78,3 +79,26 @@ def import_spreadsheet(rows: int) -> list[Job]:
 # settings.py: four receipts for each import row while both queues have due jobs
 FAIR_QUEUES = {"QUEUE_WEIGHTS": {"imports": 1, "emails": 4}}
 # [fair queues end]
+
+
+# [fair by account]
+@venturi.task(kind="docs.import_contact", fair_by="account_id")
+@dataclasses.dataclass
+class ImportContact(venturi.Task):
+    """One contact of an account's import: accounts take turns, so one account's big
+    import does not hold back another account's small one."""
+
+    account_id: str
+    row: int
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
+def import_contacts(account_id: str, rows: int) -> list[Job]:
+    return venturi.enqueue_many(
+        [ImportContact(account_id=account_id, row=row) for row in range(rows)]
+    )
+
+
+# [fair by account end]

@@ -44,6 +44,39 @@ class KeyCapped(venturi.Task):
         return venturi.Outcome.completed()
 
 
+@venturi.task(kind="tests.fair", fair_by="account")
+@dataclasses.dataclass
+class Fair(venturi.Task):
+    """Its jobs take turns by account; records its account and start."""
+
+    account: str = ""
+    n: int = 0
+    seconds: float = 0.0
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        record(ctx, "fair", {"account": self.account, "n": self.n, "t": time.time()})
+        time.sleep(self.seconds)
+        return venturi.Outcome.completed()
+
+
+@venturi.task(kind="tests.fair_latest", fair_by="account")
+@dataclasses.dataclass
+class FairLatest(venturi.Task):
+    """A fair kind with a dedup key whose merge keeps the latest payload."""
+
+    name: str
+    account: str
+
+    def dedup_key(self) -> str | None:
+        return self.name
+
+    def merge(self, existing: venturi.Existing[FairLatest]) -> venturi.Merge:
+        return venturi.Merge.replace()
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        return venturi.Outcome.completed()
+
+
 @venturi.task(kind="tests.uncapped")
 @dataclasses.dataclass
 class Uncapped(venturi.Task):

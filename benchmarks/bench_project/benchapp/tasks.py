@@ -7,6 +7,8 @@ LimitedJob: a rate-limited kind, registered only when VENTURI_BENCH_RATE_LIMITED
 KeyCappedJob: at most 2 running per `key`, registered only when VENTURI_BENCH_KEY_CAPPED
 is set (benchmarks/key_caps.py, and flow_control.py's `keyed` variant); SleepJob: the
 same handler without a cap (key_caps.py's reference).
+FairJob: the sink handler, its jobs taking turns by `key`; registered only when
+VENTURI_BENCH_FAIR is set (fairness.py --tenants, flow_control.py's fair variants).
 StepJob: does nothing; the steps of the workflow benchmarks (benchmarks/workflows.py).
 OrmJob: W5's realistic handler, one read and one update of a `Counter` row through the ORM
 (benchmarks/scale.py).
@@ -32,6 +34,7 @@ from benchmarks.bench_project.benchapp.models import Counter
 
 RATE_LIMITED_ENV = "VENTURI_BENCH_RATE_LIMITED"
 KEY_CAPPED_ENV = "VENTURI_BENCH_KEY_CAPPED"
+FAIR_ENV = "VENTURI_BENCH_FAIR"
 ENDED = 50_000_000
 """A sleeping job appends its end to the sink under its index plus this."""
 
@@ -180,4 +183,19 @@ if os.environ.get(KEY_CAPPED_ENV):
 
         def handle(self, ctx: venturi.Context) -> venturi.Outcome:
             sleep_and_record(self.i, self.seconds)
+            return venturi.Outcome.completed()
+
+
+if os.environ.get(FAIR_ENV):
+
+    @venturi.task(kind="bench.fair", fair_by="key")
+    @dataclasses.dataclass
+    class FairJob(venturi.Task):
+        """The sink handler; its due jobs take turns by key."""
+
+        i: int
+        key: str
+
+        def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+            sink.handle(self.i)
             return venturi.Outcome.completed()

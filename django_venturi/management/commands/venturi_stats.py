@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_venturi.management import flags
 from django_venturi.observe.cap_stats import CapUse
+from django_venturi.observe.fair_stats import FairUse
 from django_venturi.observe.snapshot import Stats, stats
 from django_venturi.store.orphan_kinds import OrphanKind
 
@@ -183,6 +184,17 @@ def cap_line(use: CapUse) -> str:
     )
 
 
+def fair_line(use: FairUse) -> str:
+    """One fair kind: its keys with due jobs and the busiest ones."""
+    keys = "key" if use.keys_with_due == 1 else "keys"
+    busiest = ", ".join(f"{shown_key(key)} {due}" for key, due in use.busiest)
+    return (
+        f"fair {use.kind} by {use.fair_by}: {use.keys_with_due} {keys} with due jobs"
+        + (f" (busiest: {busiest})" if busiest else "")
+        + f"; {use.waiting} due waiting"
+    )
+
+
 def render(snapshot: Stats) -> str:
     """The snapshot as a plain-text report."""
     lines = [
@@ -224,6 +236,7 @@ def render(snapshot: Stats) -> str:
             f"{use.waiting} due waiting"
         )
     lines.extend(cap_line(use) for use in snapshot.caps)
+    lines.extend(fair_line(use) for use in snapshot.fair)
     if snapshot.orphan_kinds:
         lines.append(f"due jobs that no live worker can run (causes: {ORPHAN_CAUSES}):")
     for orphan in snapshot.orphan_kinds:
