@@ -8,10 +8,12 @@ last (`TierClock.fair_cursor`, wrapping round); each key gets a first job, then 
 second, and so on, and the k-th of those takes the k-th place. So an account with
 100,000 jobs queued first takes one place per round, like an account with one.
 
-At most `FAIR_KEYS` keys are visited per slot and claim, and each key gives at most
-its share of the places (rounded up): the cost of a claim does not follow the
-number of keys or the backlog. With few keys of uneven backlogs a claim may come
-back short of its places; the worker claims again at once.
+The kind's rows the scan reached anyway are the candidates of their keys (locked
+already); a visited key the scan did not reach gives its first due jobs, up to its
+share of the places (rounded up); rows of keys past the visited ones come after
+every round, so the places are filled. At most `FAIR_KEYS` keys are visited per
+slot and claim: the cost of a claim does not follow the number of keys or the
+backlog.
 
 `claim_statement.py` puts this between the slots' scan (`scanned`) and the pool.
 """
