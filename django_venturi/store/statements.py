@@ -153,12 +153,7 @@ def fetch(
     pooler they hold for this statement's transaction only, every time.
     """
     connection = connections[alias]
-    if (
-        connection.vendor != "postgresql"
-        or not venturi_settings.PREPARED_STATEMENTS
-        or connection.execute_wrappers
-    ):
-        # Wrappers installed with connection.execute_wrapper() see every query.
+    if not _prepared_path(connection):
         prime_session(alias, session)
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -166,13 +161,29 @@ def fetch(
     return _fetch_prepared(connection, sql, params, session)
 
 
-def _fetch_prepared(
-    connection: Any, sql: str, params: Params, session: Sequence[Setting]
-) -> list[tuple[Any, ...]]:
+def _prepared_path(connection: Any) -> bool:
+    """Whether our statements go prepared on `connection`: PostgreSQL, preparing not
+    turned off, and no wrapper installed with `execute_wrapper()` (which must see
+    every query, so those go through Django's cursor)."""
+    return bool(
+        connection.vendor == "postgresql"
+        and venturi_settings.PREPARED_STATEMENTS
+        and not connection.execute_wrappers
+    )
+
+
+def _checked(connection: Any) -> float:
+    """Connect if need be and make Django's checks of a cursor; when the statement starts."""
     connection.ensure_connection()
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
-    started = time.monotonic()
+    return time.monotonic()
+
+
+def _fetch_prepared(
+    connection: Any, sql: str, params: Params, session: Sequence[Setting]
+) -> list[tuple[Any, ...]]:
+    started = _checked(connection)
     with connection.wrap_database_errors:
         raw = connection.connection
         link = _link(raw)
@@ -209,21 +220,13 @@ def fetch_pair(
     import psycopg
 
     connection = connections[alias]
-    if (
-        connection.vendor != "postgresql"
-        or not venturi_settings.PREPARED_STATEMENTS
-        or connection.execute_wrappers
-        or not psycopg.Pipeline.is_supported()
-    ):
+    if not _prepared_path(connection) or not psycopg.Pipeline.is_supported():
         from django.db import transaction
 
         prime_session(alias, session)
         with transaction.atomic(using=alias):
             return fetch(alias, *first), fetch(alias, *second)
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    connection.validate_no_broken_transaction()
-    started = time.monotonic()
+    started = _checked(connection)
     with connection.wrap_database_errors:
         raw = connection.connection
         link = _link(raw)
