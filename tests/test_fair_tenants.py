@@ -75,8 +75,19 @@ def test_accounts_take_turns_round_robin_across_claims(alias: str) -> None:
     venturi.enqueue_many([Fair(account=name, n=k) for k in range(3) for name in names], using=alias)
     clock = TierClock((6, 3, 1))
     served = [sorted(accounts(claim(alias, request(10), clock))) for _ in range(4)]
-    # Ten accounts a claim, each once, from where the last claim stopped, wrapping round.
-    assert served == [names[:10], names[10:20], names[20:], names[:10]]
+    # Ten accounts a claim, each once. The claim's scan reaches ten accounts of their
+    # own, so it looks 8 accounts past the last one whose turn it gave (FAIR_BEYOND):
+    # those come first, then the accounts the scan reached, in enqueue order; the next
+    # claim looks on from the 8th, wrapping round.
+    assert served == [names[:10], names[8:18], names[16:26], names[:4] + names[24:]]
+
+
+def test_an_account_the_scan_does_not_reach_gets_its_turn_within_a_claim(alias: str) -> None:
+    names = [f"a{n:02}" for n in range(1, 30)]
+    venturi.enqueue_many([Fair(account=name, n=k) for k in range(3) for name in names], using=alias)
+    venturi.enqueue_many([Fair(account="a00")], using=alias)  # behind 87 older jobs
+    claimed = claim(alias, request(10), TierClock((6, 3, 1)))
+    assert sorted(accounts(claimed)) == ["a00", *names[:9]]
 
 
 def test_each_worker_keeps_its_own_turns(alias: str) -> None:

@@ -2,18 +2,23 @@
 
 A fair kind keeps the places that enqueue order gives it in each slot (queue, tier
 and rank) of a claim: the statement scans the slot as for any kind. Which of its
-jobs take those places is decided by turns: its keys with due jobs are found in
-the fair index, one probe per key, from the key after the one this worker served
-last (`TierClock.fair_cursor`, wrapping round); each key gets a first job, then a
-second, and so on, and the k-th of those takes the k-th place. So an account with
-100,000 jobs queued first takes one place per round, like an account with one.
+jobs take those places is decided by turns, round by round: each known key gets a
+first job, then a second, and so on, and the k-th of those takes the k-th place.
+So an account with 100,000 jobs queued first takes one place per round, like an
+account with one.
 
-The kind's rows the scan reached anyway are the candidates of their keys (locked
-already); a visited key the scan did not reach gives its first due jobs, up to its
-share of the places (rounded up); rows of keys past the visited ones come after
-every round, so the places are filled. At most `FAIR_KEYS` keys are visited per
-slot and claim: the cost of a claim does not follow the number of keys or the
-backlog.
+The known keys are those the scan reached (their rows are the candidates, locked
+already) and those visited in the fair index, one probe per key, from the key
+after the one this worker served last (`TierClock.fair_cursor`, wrapping round).
+A claim visits as many keys as its scan's rows repeat a key, plus `FAIR_BEYOND`,
+at most `FAIR_KEYS`: when one account's backlog filled the scan, the claim looks
+for as many other accounts as it has places; when the scan's rows all have keys
+of their own (a drain over many accounts) it looks 8 keys further, so a key the
+scan does not reach still gets its turn within (keys) / 8 claims. In each round
+the visited keys come first, in key order from the cursor, then the keys only
+reached, in enqueue order. A visited key the scan did not reach gives its first
+due jobs, up to its share of the places (rounded up). The cost of a claim does
+not follow the number of keys or the backlog.
 
 `claim_statement.py` puts this between the slots' scan (`scanned`) and the pool.
 """
@@ -34,6 +39,12 @@ FAIR_KEYS = 64
 """The most keys of one fair kind a claim visits in one slot (the rest take their
 turns in the next claims, from where this one stopped)."""
 
+FAIR_BEYOND = 8
+"""The keys a claim visits beyond those it needs to fill the places its scan gave
+to repeated keys: when the scan's rows all have keys of their own, the claim
+costs 8 probes, and a key the scan does not reach still gets its turn within
+(keys with due jobs) / 8 claims."""
+
 # `{row_keys}` (the rate and cap keys of a row) and `{row_gates}` (what it must pass to
 # be claimed now) are the slot scan's; each starts with a comment line of its own.
 FAIR_CTES = """
@@ -48,15 +59,18 @@ fair_places AS (
 ),
 fair_slots AS (
     SELECT queue, priority, rank, kind, count(*) AS places,
+           count(DISTINCT fair_key) AS reached,
            array_agg(run_at ORDER BY run_at, id) AS run_ats,
            min(tier_clock) AS tier_clock, min(tier_stride) AS tier_stride,
            min(queue_clock) AS queue_clock, min(queue_stride) AS queue_stride
     FROM fair_places GROUP BY queue, priority, rank, kind
 ),
 -- Its keys with ready jobs in the slot, from the one after the cursor, wrapping round:
--- one probe of the fair index per key.
-fair_keys(queue, priority, rank, kind, cursor, key, n, wrapped) AS (
-    SELECT s.queue, s.priority, s.rank, s.kind, fair.cursor, first.key, 1, first.wrapped
+-- one probe of the fair index per key, as many probes as the scan's rows repeat a key,
+-- plus `fair_beyond` (up to `fair_keys`).
+fair_keys(queue, priority, rank, kind, cursor, key, n, wrapped, probes) AS (
+    SELECT s.queue, s.priority, s.rank, s.kind, fair.cursor, first.key, 1, first.wrapped,
+           least(%(fair_keys)s::integer, s.places - s.reached + %(fair_beyond)s::integer)
     FROM fair_slots AS s JOIN fair ON fair.kind = s.kind
     CROSS JOIN LATERAL (
         (SELECT fair_key AS key, false AS wrapped FROM {table}
@@ -71,8 +85,10 @@ fair_keys(queue, priority, rank, kind, cursor, key, n, wrapped) AS (
          ORDER BY fair_key LIMIT 1)
         LIMIT 1
     ) AS first
+    WHERE s.places - s.reached + %(fair_beyond)s::integer > 0
     UNION ALL
-    SELECT k.queue, k.priority, k.rank, k.kind, k.cursor, next.key, k.n + 1, next.wrapped
+    SELECT k.queue, k.priority, k.rank, k.kind, k.cursor, next.key, k.n + 1, next.wrapped,
+           k.probes
     FROM fair_keys AS k
     CROSS JOIN LATERAL (
         (SELECT fair_key AS key, k.wrapped AS wrapped FROM {table}
@@ -87,14 +103,7 @@ fair_keys(queue, priority, rank, kind, cursor, key, n, wrapped) AS (
          ORDER BY fair_key LIMIT 1)
         LIMIT 1
     ) AS next
-    WHERE k.n < %(fair_keys)s AND NOT (next.wrapped AND next.key > k.cursor)
-),
--- Each key's share of the places, rounded up.
-fair_shares AS (
-    SELECT k.queue, k.priority, k.rank, k.kind,
-           ceil(s.places::float8 / count(*))::integer AS share
-    FROM fair_keys AS k JOIN fair_slots AS s USING (queue, priority, rank, kind)
-    GROUP BY k.queue, k.priority, k.rank, k.kind, s.places
+    WHERE k.n < k.probes AND NOT (next.wrapped AND next.key > k.cursor)
 ),
 -- The keys the slot's scan reached (their rows are in it, locked already), and the
 -- visited keys it did not reach.
@@ -107,6 +116,14 @@ fair_unreached AS (
         SELECT 1 FROM fair_reached AS r
         WHERE r.queue = k.queue AND r.priority = k.priority AND r.rank = k.rank
           AND r.kind = k.kind AND r.key = k.key)
+),
+-- Each known key's share of the places (the keys reached and the visited ones),
+-- rounded up.
+fair_shares AS (
+    SELECT u.queue, u.priority, u.rank, u.kind,
+           ceil(s.places::float8 / (s.reached + count(*)))::integer AS share
+    FROM fair_unreached AS u JOIN fair_slots AS s USING (queue, priority, rank, kind)
+    GROUP BY u.queue, u.priority, u.rank, u.kind, s.places, s.reached
 ),
 -- The candidates: the scan's rows of the kind, with their key's turn if it was
 -- visited (a key past the visited ones gets none: it comes after all of them); and
@@ -140,11 +157,11 @@ fair_picked AS (
         FOR UPDATE SKIP LOCKED
     ) AS c
 ),
--- Round by round, key by key from the cursor (keys not visited last): the k-th takes
--- the k-th place.
+-- Round by round; in each, the visited keys from the cursor, then the keys only
+-- reached, in enqueue order: the k-th takes the k-th place.
 fair_turns AS (
     SELECT *, row_number() OVER (PARTITION BY queue, priority, rank, kind
-                                 ORDER BY n IS NULL, round, n, run_at, id) AS place
+                                 ORDER BY round, n IS NULL, n, run_at, id) AS place
     FROM (
         SELECT *, row_number() OVER (PARTITION BY queue, priority, rank, kind, key
                                      ORDER BY run_at, id) AS round
@@ -190,22 +207,23 @@ def fair_rows_orm(
                 "id", "fair_key"
             )
         )
-        visited = _keys_in_turn(of_kind, clock.fair_cursor(kind), min(len(rows), FAIR_KEYS))
-        share = -(-len(places) // max(1, len(visited)))
-        reached = {keys_of.get(job_id) for _, job_id, _ in scanned}
+        reached = {keys_of.get(job_id) for _, job_id, _ in scanned} - {None}
+        probes = min(len(rows), FAIR_KEYS, len(places) - len(reached) + FAIR_BEYOND)
+        visited = _keys_in_turn(of_kind, clock.fair_cursor(kind), probes)
+        unreached = [key for key in visited if key not in reached]
+        share = -(-len(places) // max(1, len(reached) + len(unreached)))
         candidates = [
             (run_at, job_id, keys_of.get(job_id) or "", payload)
             for (run_at, job_id, _), payload in zip(scanned, payloads, strict=True)
         ]
-        for key in visited:
-            if key not in reached:
-                fetched = of_kind.filter(fair_key=key).order_by("run_at", "id")
-                candidates += [
-                    (run_at, job_id, key, payload)
-                    for run_at, job_id, payload in fetched.values_list("run_at", "id", "payload")[
-                        :share
-                    ]
+        for key in unreached:
+            fetched = of_kind.filter(fair_key=key).order_by("run_at", "id")
+            candidates += [
+                (run_at, job_id, key, payload)
+                for run_at, job_id, payload in fetched.values_list("run_at", "id", "payload")[
+                    :share
                 ]
+            ]
         order = {key: turn for turn, key in enumerate(visited, 1)}
         rounds: dict[str, int] = {}
         ranked = []
@@ -213,7 +231,7 @@ def fair_rows_orm(
             rounds[key] = rounds.get(key, 0) + 1
             turn = order.get(key)
             ranked.append(
-                ((turn is None, rounds[key], turn or 0, run_at, job_id), job_id, key, turn, payload)
+                ((rounds[key], turn is None, turn or 0, run_at, job_id), job_id, key, turn, payload)
             )
         ranked.sort(key=lambda entry: entry[0])
         given = dict(zip(places, ranked, strict=False))

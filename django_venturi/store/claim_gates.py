@@ -1,6 +1,7 @@
 """What a job must pass to be claimed now, as the claim statement words it: the rate
 limits' counts (`RATES`), and per job row its rate and cap keys (`ROW_KEYS`) and the
-gates of dedup, rate limits and caps per key (`ROW_GATES`). `claim_statement.py`
+gates of dedup, rate limits and caps per key (`ROW_GATES`); a claim without limits
+has only the dedup gate (`DEDUP_GATE`) and no keys (`NO_ROW_KEYS`). `claim_statement.py`
 puts them in the full claim; `claim_fair.py` applies the same row parts to a fair
 kind's picks. Each is formatted with `{table}` (and `{ledger}`, for `RATES`).
 """
@@ -46,12 +47,16 @@ ROW_KEYS = """-- The value a keyed rate limit counts this job's start under.
                                                WHERE limits.kind = {table}.kind), '')
                     ELSE '' END AS cap_key"""
 
-# What a job row (of `{table}`) must pass, beside its slot, to be claimed now.
-ROW_GATES = """-- A dedup follow-up waits behind the running job of its key.
-          AND (dedup_key IS NULL OR NOT EXISTS (
+# A dedup follow-up waits behind the running job of its key (every claim's gate).
+DEDUP_GATE = """AND (dedup_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM {table} AS ahead
                 WHERE ahead.state = 'running' AND ahead.kind = {table}.kind
-                  AND ahead.dedup_key = {table}.dedup_key))
+                  AND ahead.dedup_key = {table}.dedup_key))"""
+
+# What a job row (of `{table}`) must pass, beside its slot, to be claimed now.
+# `{dedup_gate}` is `DEDUP_GATE`, formatted.
+ROW_GATES = """-- A dedup follow-up waits behind the running job of its key.
+          {dedup_gate}
           -- A job whose rate-limit key is at its limit waits, out of the way.
           AND (kind <> ALL((SELECT kinds FROM keyed_exhausted)::text[]) OR NOT EXISTS (
                 SELECT 1 FROM exhausted JOIN rates ON rates.kind = exhausted.kind
@@ -62,3 +67,6 @@ ROW_GATES = """-- A dedup follow-up waits behind the running job of its key.
                 SELECT 1 FROM full_keys JOIN limits ON limits.kind = full_keys.kind
                 WHERE full_keys.kind = {table}.kind
                   AND full_keys.key = coalesce({table}.payload ->> limits.field, '')))"""
+
+# A claim without rate limits or caps: a row has neither key.
+NO_ROW_KEYS = "NULL::text AS rate_key, NULL::text AS cap_key"

@@ -1,8 +1,9 @@
 """The claim's PostgreSQL statements: their text and the parameters they take.
 
-`postgresql_statement` builds the claim, in two shapes: the full claim, which
-counts the running jobs of capped kinds and the starts of rate-limited ones, and
-the lean claim without those counts (the common case). `next_due_statement`
+`postgresql_statement` builds the claim, in three shapes (`claim_shape`): the
+full claim, which counts the running jobs of capped kinds and the starts of
+rate-limited ones; the lean claim without those counts (the common case); and
+the fair claim, the lean one with the turns of fair kinds (`claim_fair.py`). `next_due_statement`
 (in `claim_next_due.py`) builds what an idle claimer asks from the same parts.
 Each long query says why it is written as it is.
 
@@ -19,8 +20,8 @@ from typing import Any
 from django.db import connections
 
 from django_venturi.models import Job, Pause, RateStart
-from django_venturi.store.claim_fair import FAIR_CTES, FAIR_KEYS
-from django_venturi.store.claim_gates import RATES, ROW_GATES, ROW_KEYS
+from django_venturi.store.claim_fair import FAIR_BEYOND, FAIR_CTES, FAIR_KEYS
+from django_venturi.store.claim_gates import DEDUP_GATE, NO_ROW_KEYS, RATES, ROW_GATES, ROW_KEYS
 from django_venturi.store.claim_types import ClaimRequest
 from django_venturi.store.scheduling import TIERS, TierClock
 
@@ -316,10 +317,7 @@ pool AS (
           AND (kind = ANY((SELECT kinds FROM eligible)::text[])
                OR (starts_with(kind, %(kind_prefix)s::text)
                    AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
-          AND (dedup_key IS NULL OR NOT EXISTS (
-                SELECT 1 FROM {table} AS ahead
-                WHERE ahead.state = 'running' AND ahead.kind = {table}.kind
-                  AND ahead.dedup_key = {table}.dedup_key))
+          {dedup_gate}
         ORDER BY run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -343,6 +341,59 @@ chosen AS (
 {claim_tail}"""
 
 
+# The claim when a fair kind is claimable and no kind is capped or rate-limited: the
+# lean claim's selection, with the fair kinds' places given to their keys in turn
+# (`claim_fair.py`) between the scan and the pool.
+_CLAIM_FAIR_SQL = """
+WITH RECURSIVE
+served(queue) AS ({served}),
+{tiers},
+{paused},
+eligible(kinds) AS (
+    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
+    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+),
+{slots},
+-- As in the full claim: the due jobs of each slot in claim order, skipping rows
+-- another worker is claiming right now.
+scanned AS (
+    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, c.cap_key,
+           c.fair_key, {slot_turns}
+    FROM slots
+    {slot_joins}
+    CROSS JOIN LATERAL (
+        SELECT id, kind, priority, rank, run_at, fair_key, {row_keys}
+        FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+          AND rank = slots.rank AND run_at <= now()
+          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
+               OR (starts_with(kind, %(kind_prefix)s::text)
+                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
+          {dedup_gate}
+        ORDER BY run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+),
+{fair},
+{queued},
+ranked AS (
+    SELECT id, kind, priority, fair_turn, {tier_turn} AS turn
+    FROM queued
+),
+-- As in the lean claim: with one slot, its candidates are the claim (no sort).
+chosen AS (
+    SELECT id, kind, fair_turn FROM pool WHERE (SELECT count(*) FROM slots) = 1
+    UNION ALL
+    (SELECT id, kind, fair_turn FROM ranked WHERE (SELECT count(*) FROM slots) > 1
+     ORDER BY turn, priority
+     LIMIT %(limit)s)
+),
+{claim_tail}"""
+
+_SHAPES = {"lean": _CLAIM_UNLIMITED_SQL, "fair": _CLAIM_FAIR_SQL, "full": _CLAIM_SQL}
+
+
 def _tables(alias: str) -> dict[str, str]:
     quote = connections[alias].ops.quote_name
     return {
@@ -352,22 +403,32 @@ def _tables(alias: str) -> dict[str, str]:
     }
 
 
-def fragments(alias: str, listed_queues: bool, *, full: bool = False) -> dict[str, str]:
-    """The statement's shared parts, with the table names filled in (`full`: for the
-    full claim, whose chosen jobs carry their fair turns)."""
+def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[str, str]:
+    """The statement's shared parts, with the table names filled in, for a claim of
+    `shape` (`_SHAPES`): the full claim's rows have rate and cap keys and pass their
+    gates; the chosen jobs of the full and fair claims carry their fair turns."""
     tables = _tables(alias)
     served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
-    rows = {"row_keys": ROW_KEYS.format(**tables), "row_gates": ROW_GATES.format(**tables)}
+    dedup_gate = DEDUP_GATE.format(**tables)
+    rows = (
+        {
+            "row_keys": ROW_KEYS.format(**tables),
+            "row_gates": ROW_GATES.format(**tables, dedup_gate=dedup_gate),
+        }
+        if shape == "full"
+        else {"row_keys": NO_ROW_KEYS, "row_gates": dedup_gate}
+    )
     return {
         **tables,
         **rows,
+        "dedup_gate": dedup_gate,
         "served": served.format(**tables),
         "paused": _PAUSED.format(**tables),
         "rates": RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
         "fair": FAIR_CTES.format(**tables, **rows),
         "claim_tail": _CLAIM_TAIL.format(
-            **tables, fair_turn="chosen.fair_turn" if full else "NULL::bigint"
+            **tables, fair_turn="NULL::bigint" if shape == "lean" else "chosen.fair_turn"
         ),
         "tiers": _TURNS,
         "slot_turns": _SLOT_TURNS,
@@ -378,11 +439,18 @@ def fragments(alias: str, listed_queues: bool, *, full: bool = False) -> dict[st
 
 
 @functools.cache
-def _claim_sql(alias: str, listed_queues: bool, limited: bool) -> str:
-    """The claim statement: for given queues or all, with or without capped and
-    rate-limited kinds (made once per shape: it is long to format)."""
-    template = _CLAIM_SQL if limited else _CLAIM_UNLIMITED_SQL
-    return _compact(template.format(**fragments(alias, listed_queues, full=limited)))
+def _claim_sql(alias: str, listed_queues: bool, shape: str) -> str:
+    """The claim statement: for given queues or all, of a shape of `_SHAPES` (made
+    once per shape: it is long to format)."""
+    return _compact(_SHAPES[shape].format(**fragments(alias, listed_queues, shape=shape)))
+
+
+def claim_shape(request: ClaimRequest) -> str:
+    """The statement a claim needs: the full one if a kind it may take is capped or
+    rate-limited, else the fair one if a kind takes turns by key, else the lean one."""
+    if request.limited:
+        return "full"
+    return "fair" if request.fair_kinds else "lean"
 
 
 def _compact(sql: str) -> str:
@@ -422,7 +490,7 @@ def postgresql_statement(
     alias: str, request: ClaimRequest, clock: TierClock, token: uuid.UUID
 ) -> tuple[str, dict[str, Any]]:
     """The claim statement and its parameters (for the claim, and for EXPLAIN)."""
-    sql = _claim_sql(alias, request.queues is not None, request.limited)
+    sql = _claim_sql(alias, request.queues is not None, claim_shape(request))
     params = {
         "queues": list(request.queues or []),
         "tiers": list(TIERS),
@@ -441,6 +509,7 @@ def postgresql_statement(
         "fair_kinds": list(request.fair_kinds),
         "fair_cursors": [clock.fair_cursor(kind) for kind in request.fair_kinds],
         "fair_keys": min(request.limit, FAIR_KEYS),
+        "fair_beyond": FAIR_BEYOND,
         "limited_kinds": sorted(
             {limit.kind for limit in request.limits} | {rule.kind for rule in request.rates}
         ),

@@ -192,7 +192,7 @@ class ClaimRequest:
     def limited(self) -> bool:
         """Whether a kind it may take is capped or rate-limited (the full claim statement;
         such a kind may take the places of other kinds' jobs in a short claim)."""
-        return bool(self.limits or self.rates or self.fair_kinds)
+        return bool(self.limits or self.rates)
 
     @property
     def serialised(self) -> bool:
