@@ -20,6 +20,8 @@ import django_venturi as venturi
 from django_venturi.models import Job
 from django_venturi.registry import RegistrationError
 from django_venturi.store.claim import ClaimedJob, ClaimRequest, claim
+from django_venturi.store.claim_statement import claim_shape
+from django_venturi.store.claim_types import KindLimit
 from django_venturi.store.scheduling import TierClock
 from tests.conftest import Workers
 from tests.testapp.models import Record
@@ -30,15 +32,20 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqli
 KINDS = ["tests.fair", "tests.uncapped"]
 
 
-def request(limit: int) -> ClaimRequest:
-    return ClaimRequest(
+def request(limit: int, shape: str = "fair") -> ClaimRequest:
+    """A claim of the fair kind in the statement of `shape`: "fair", or "full" (a
+    local cap on another kind makes the claim count, as with capped kinds)."""
+    made = ClaimRequest(
         worker="w1",
         limit=limit,
         kinds=KINDS,
         leases=[timedelta(minutes=5)] * len(KINDS),
         queues=None,
         fair_kinds=["tests.fair"],
+        limits=[KindLimit("tests.uncapped", None, 1000)] if shape == "full" else [],
     )
+    assert claim_shape(made) == shape
+    return made
 
 
 def accounts(jobs: list[ClaimedJob]) -> collections.Counter[str]:
@@ -60,21 +67,23 @@ def test_a_merge_that_changes_the_payload_moves_the_job_to_its_new_key(alias: st
     assert Job.objects.using(alias).get(pk=first.pk).fair_key == "globex"
 
 
-def test_one_accounts_backlog_does_not_hold_back_the_others(alias: str) -> None:
+@pytest.mark.parametrize("shape", ["fair", "full"])
+def test_one_accounts_backlog_does_not_hold_back_the_others(alias: str, shape: str) -> None:
     venturi.enqueue_many([Fair(account="acme", n=n) for n in range(50)], using=alias)
     venturi.enqueue_many([Fair(account=f"b{n}") for n in range(4)], using=alias)
-    claimed = claim(alias, request(10), TierClock((6, 3, 1)))
+    claimed = claim(alias, request(10, shape), TierClock((6, 3, 1)))
     # Ten places: one for each account in the first round, then acme's in the next ones.
     assert accounts(claimed) == {"acme": 6, "b0": 1, "b1": 1, "b2": 1, "b3": 1}
     acme = [job.payload["n"] for job in claimed if job.payload["account"] == "acme"]
     assert sorted(acme) == [0, 1, 2, 3, 4, 5]  # in enqueue order within an account
 
 
-def test_accounts_take_turns_round_robin_across_claims(alias: str) -> None:
+@pytest.mark.parametrize("shape", ["fair", "full"])
+def test_accounts_take_turns_round_robin_across_claims(alias: str, shape: str) -> None:
     names = [f"a{n:02}" for n in range(30)]
     venturi.enqueue_many([Fair(account=name, n=k) for k in range(3) for name in names], using=alias)
     clock = TierClock((6, 3, 1))
-    served = [sorted(accounts(claim(alias, request(10), clock))) for _ in range(4)]
+    served = [sorted(accounts(claim(alias, request(10, shape), clock))) for _ in range(4)]
     # Ten accounts a claim, each once. The claim's scan reaches ten accounts of their
     # own, so it looks 8 accounts past the last one whose turn it gave (FAIR_BEYOND):
     # those come first, then the accounts the scan reached, in enqueue order; the next
