@@ -99,6 +99,24 @@ def test_an_account_the_scan_does_not_reach_gets_its_turn_within_a_claim(alias: 
     assert sorted(accounts(claimed)) == ["a00", *names[:9]]
 
 
+@pytest.mark.parametrize("shape", ["fair", "full"])
+def test_queues_share_a_claim_of_a_fair_kind_by_their_turns(alias: str, shape: str) -> None:
+    # Two slots (queues), every key reached: the places follow the queues' turns.
+    venturi.enqueue_many([Fair(account=f"a{n}") for n in range(4)], queue="one", using=alias)
+    venturi.enqueue_many([Fair(account=f"b{n}") for n in range(4)], queue="two", using=alias)
+    claimed = claim(alias, request(4, shape), TierClock((6, 3, 1)))
+    assert sorted(accounts(claimed)) == ["a0", "a1", "b0", "b1"]
+
+
+def test_a_capped_fair_kind_passes_its_cap_in_turn_order(alias: str) -> None:
+    venturi.enqueue_many([Fair(account="acme", n=n) for n in range(3)], using=alias)
+    venturi.enqueue_many([Fair(account="globex")], using=alias)
+    capped = dataclasses.replace(request(10), limits=[KindLimit("tests.fair", None, 2)])
+    claimed = claim(alias, capped, TierClock((6, 3, 1)))
+    # Room for 2: the first round (acme's first job, globex's), not enqueue order.
+    assert accounts(claimed) == {"acme": 1, "globex": 1}
+
+
 def test_each_worker_keeps_its_own_turns(alias: str) -> None:
     venturi.enqueue_many(
         [Fair(account=f"a{n}", n=k) for k in range(2) for n in range(4)], using=alias

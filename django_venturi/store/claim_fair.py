@@ -25,6 +25,7 @@ not follow the number of keys or the backlog.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -51,26 +52,27 @@ FAIR_CTES = """
 fair(kind, cursor) AS (
     SELECT * FROM unnest(%(fair_kinds)s::text[], %(fair_cursors)s::text[])
 ),
--- The rows each fair kind took in each slot's scan, and per slot and kind their
--- number (its places), their due times in enqueue order (the k-th turn sorts as the
--- k-th place) and the slot's turn values.
+-- The rows each fair kind took in each slot's scan; the keys they reached (locked
+-- already) and how many rows each; per slot and kind, their number (its places),
+-- how many keys and the most rows of one key.
 fair_places AS (
     SELECT * FROM scanned WHERE kind = ANY(%(fair_kinds)s::text[])
 ),
+fair_reached AS (
+    SELECT queue, priority, rank, kind, fair_key AS key, count(*) AS rows
+    FROM fair_places GROUP BY queue, priority, rank, kind, fair_key
+),
 fair_slots AS (
-    SELECT queue, priority, rank, kind, count(*) AS places,
-           count(DISTINCT fair_key) AS reached,
-           array_agg(run_at ORDER BY run_at, id) AS run_ats,
-           min(tier_clock) AS tier_clock, min(tier_stride) AS tier_stride,
-           min(queue_clock) AS queue_clock, min(queue_stride) AS queue_stride
-    FROM fair_places GROUP BY queue, priority, rank, kind
+    SELECT queue, priority, rank, kind, sum(rows)::bigint AS places, count(key) AS reached,
+           max(rows) AS most
+    FROM fair_reached GROUP BY queue, priority, rank, kind
 ),
 -- Its keys with ready jobs in the slot, from the one after the cursor, wrapping round:
--- one probe of the fair index per key, as many probes as the scan's rows repeat a key,
--- plus `fair_beyond` (up to `fair_keys`).
+-- one probe of the fair index per key, as many more as the scan's rows of one key
+-- beyond the first, plus `fair_beyond` (up to `fair_keys`).
 fair_keys(queue, priority, rank, kind, cursor, key, n, wrapped, probes) AS (
     SELECT s.queue, s.priority, s.rank, s.kind, fair.cursor, first.key, 1, first.wrapped,
-           least(%(fair_keys)s::integer, s.places - s.reached + %(fair_beyond)s::integer)
+           least(%(fair_keys)s::integer, s.most::integer - 1 + %(fair_beyond)s::integer)
     FROM fair_slots AS s JOIN fair ON fair.kind = s.kind
     CROSS JOIN LATERAL (
         (SELECT fair_key AS key, false AS wrapped FROM {table}
@@ -85,7 +87,7 @@ fair_keys(queue, priority, rank, kind, cursor, key, n, wrapped, probes) AS (
          ORDER BY fair_key LIMIT 1)
         LIMIT 1
     ) AS first
-    WHERE s.places - s.reached + %(fair_beyond)s::integer > 0
+    WHERE s.most - 1 + %(fair_beyond)s::integer > 0
     UNION ALL
     SELECT k.queue, k.priority, k.rank, k.kind, k.cursor, next.key, k.n + 1, next.wrapped,
            k.probes
@@ -105,11 +107,7 @@ fair_keys(queue, priority, rank, kind, cursor, key, n, wrapped, probes) AS (
     ) AS next
     WHERE k.n < k.probes AND NOT (next.wrapped AND next.key > k.cursor)
 ),
--- The keys the slot's scan reached (their rows are in it, locked already), and the
--- visited keys it did not reach.
-fair_reached AS (
-    SELECT DISTINCT queue, priority, rank, kind, fair_key AS key FROM fair_places
-),
+-- The visited keys the slot's scan did not reach.
 fair_unreached AS (
     SELECT k.* FROM fair_keys AS k
     WHERE NOT EXISTS (
@@ -158,7 +156,16 @@ fair_picked AS (
     ) AS c
 ),
 -- Round by round; in each, the visited keys from the cursor, then the keys only
--- reached, in enqueue order: the k-th takes the k-th place.
+-- reached, in enqueue order: the k-th takes the k-th place, with the due time and id
+-- of the scan's k-th row (`place_id`: what the later turns and caps order by, so
+-- jobs enqueued together keep their turns) and the slot's turn values.
+fair_order AS (
+    SELECT queue, priority, rank, kind, array_agg(run_at ORDER BY run_at, id) AS run_ats,
+           array_agg(id ORDER BY run_at, id) AS ids,
+           min(tier_clock) AS tier_clock, min(tier_stride) AS tier_stride,
+           min(queue_clock) AS queue_clock, min(queue_stride) AS queue_stride
+    FROM fair_places GROUP BY queue, priority, rank, kind
+),
 fair_turns AS (
     SELECT *, row_number() OVER (PARTITION BY queue, priority, rank, kind
                                  ORDER BY round, n IS NULL, n, run_at, id) AS place
@@ -168,16 +175,34 @@ fair_turns AS (
         FROM fair_picked
     ) AS rounds
 ),
+-- With one slot and no visited key the scan missed, every candidate takes a place, and
+-- unless a cap or rate limit on the kind then takes them in turn order, the places'
+-- order is no one's turn: the scan's rows are the picks, with their keys' turns, and
+-- the rounds are not sorted (a claim of 500 jobs over 100 accounts).
+fair_all_reached(held) AS (
+    SELECT %(fair_unordered)s::boolean AND (SELECT count(*) FROM slots) = 1
+           AND NOT EXISTS (SELECT 1 FROM fair_unreached)
+),
 pool AS (
-    SELECT id, kind, queue, priority, rank, run_at, rate_key, cap_key, NULL::bigint AS fair_turn,
-           tier_clock, tier_stride, queue_clock, queue_stride
+    SELECT id, kind, queue, priority, rank, run_at, id AS place_id, rate_key, cap_key,
+           NULL::bigint AS fair_turn, tier_clock, tier_stride, queue_clock, queue_stride
     FROM scanned WHERE kind <> ALL(%(fair_kinds)s::text[])
     UNION ALL
+    SELECT places.id, places.kind, places.queue, places.priority, places.rank, places.run_at,
+           places.id, places.rate_key, places.cap_key, k.n,
+           places.tier_clock, places.tier_stride, places.queue_clock, places.queue_stride
+    FROM fair_places AS places
+    LEFT JOIN fair_keys AS k
+      ON k.queue = places.queue AND k.priority = places.priority AND k.rank = places.rank
+     AND k.kind = places.kind AND k.key = places.fair_key
+    WHERE (SELECT held FROM fair_all_reached)
+    UNION ALL
     SELECT turns.id, turns.kind, s.queue, s.priority, s.rank, s.run_ats[turns.place],
-           turns.rate_key, turns.cap_key, turns.n,
+           s.ids[turns.place], turns.rate_key, turns.cap_key, turns.n,
            s.tier_clock, s.tier_stride, s.queue_clock, s.queue_stride
-    FROM fair_turns AS turns JOIN fair_slots AS s USING (queue, priority, rank, kind)
-    WHERE turns.place <= s.places
+    FROM fair_turns AS turns JOIN fair_order AS s USING (queue, priority, rank, kind)
+    JOIN fair_slots AS slot USING (queue, priority, rank, kind)
+    WHERE NOT (SELECT held FROM fair_all_reached) AND turns.place <= slot.places
 )"""
 
 
@@ -207,8 +232,9 @@ def fair_rows_orm(
                 "id", "fair_key"
             )
         )
-        reached = {keys_of.get(job_id) for _, job_id, _ in scanned} - {None}
-        probes = min(len(rows), FAIR_KEYS, len(places) - len(reached) + FAIR_BEYOND)
+        rows_of = collections.Counter(keys_of.get(job_id) for _, job_id, _ in scanned)
+        reached = set(rows_of) - {None}
+        probes = min(len(rows), FAIR_KEYS, max(rows_of.values()) - 1 + FAIR_BEYOND)
         visited = _keys_in_turn(of_kind, clock.fair_cursor(kind), probes)
         unreached = [key for key in visited if key not in reached]
         share = -(-len(places) // max(1, len(reached) + len(unreached)))

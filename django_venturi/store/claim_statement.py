@@ -104,7 +104,7 @@ _QUEUED = """
 queued AS (
     SELECT *,
            queue_clock + queue_stride * row_number() OVER (
-               PARTITION BY priority, queue ORDER BY rank, run_at, id) AS queue_turn
+               PARTITION BY priority, queue ORDER BY rank, run_at, {place_id}) AS queue_turn
     FROM pool
 )"""
 
@@ -112,7 +112,7 @@ queued AS (
 # the tier's clock + k * its stride.
 _TIER_TURN = (
     "tier_clock + tier_stride * row_number() OVER ("
-    "PARTITION BY priority ORDER BY queue_turn, rank, run_at, id)"
+    "PARTITION BY priority ORDER BY queue_turn, rank, run_at, {place_id})"
 )
 
 _CLAIM_SQL = """
@@ -194,10 +194,10 @@ scanned AS (
 -- With one slot (one queue and tier: the common case), the turns order nothing
 -- but the enqueue order: the one-time filters skip their sorts (turn 0 for all).
 ranked AS (
-    SELECT id, kind, priority, run_at, rate_key, cap_key, fair_turn, {tier_turn} AS turn
+    SELECT id, kind, priority, run_at, place_id, rate_key, cap_key, fair_turn, {tier_turn} AS turn
     FROM queued WHERE (SELECT count(*) FROM slots) > 1
     UNION ALL
-    SELECT id, kind, priority, run_at, rate_key, cap_key, fair_turn, 0::float8 AS turn
+    SELECT id, kind, priority, run_at, place_id, rate_key, cap_key, fair_turn, 0::float8 AS turn
     FROM pool WHERE (SELECT count(*) FROM slots) = 1
 ),
 -- A capped kind contributes no more candidates than its room (each key of a keyed
@@ -206,20 +206,21 @@ ranked AS (
 -- more than `start_room`. Only their candidates are counted (a few window sorts of
 -- them, not of a whole claim's).
 capped AS (
-    SELECT id, priority, run_at, turn, kind, rate_key, cap_key, fair_turn,
-           row_number() OVER (PARTITION BY kind ORDER BY turn, priority, run_at, id) AS kind_rank,
+    SELECT id, priority, run_at, place_id, turn, kind, rate_key, cap_key, fair_turn,
+           row_number() OVER (PARTITION BY kind
+                              ORDER BY turn, priority, run_at, place_id) AS kind_rank,
            row_number() OVER (PARTITION BY kind, rate_key
-                              ORDER BY turn, priority, run_at, id) AS key_rank,
+                              ORDER BY turn, priority, run_at, place_id) AS key_rank,
            row_number() OVER (PARTITION BY kind, cap_key
-                              ORDER BY turn, priority, run_at, id) AS cap_rank,
+                              ORDER BY turn, priority, run_at, place_id) AS cap_rank,
            row_number() OVER (PARTITION BY kind = ANY(%(counted_kinds)s::text[])
-                              ORDER BY turn, priority, run_at, id) AS counted_rank
+                              ORDER BY turn, priority, run_at, place_id) AS counted_rank
     FROM ranked
     WHERE kind = ANY(%(limited_kinds)s::text[])
 ),
 passed AS (
     SELECT capped.id, capped.kind, capped.rate_key, capped.turn, capped.priority,
-           capped.run_at, capped.fair_turn, rates.kind IS NOT NULL AS limited
+           capped.run_at, capped.place_id, capped.fair_turn, rates.kind IS NOT NULL AS limited
     FROM capped
     LEFT JOIN room ON room.kind = capped.kind
     LEFT JOIN limits ON limits.kind = capped.kind
@@ -233,10 +234,10 @@ passed AS (
            OR capped.counted_rank <= %(start_room)s::integer)
 ),
 candidates AS (
-    SELECT id, kind, rate_key, turn, priority, run_at, fair_turn, false AS limited FROM ranked
-    WHERE kind <> ALL(%(limited_kinds)s::text[])
+    SELECT id, kind, rate_key, turn, priority, run_at, place_id, fair_turn, false AS limited
+    FROM ranked WHERE kind <> ALL(%(limited_kinds)s::text[])
     UNION ALL
-    SELECT id, kind, rate_key, turn, priority, run_at, fair_turn, limited FROM passed
+    SELECT id, kind, rate_key, turn, priority, run_at, place_id, fair_turn, limited FROM passed
 ),
 -- One slot: its candidates, at most `limit`, are the claim (no sort).
 chosen AS (
@@ -245,7 +246,7 @@ chosen AS (
     UNION ALL
     (SELECT id, kind, rate_key, limited, fair_turn FROM candidates
      WHERE (SELECT count(*) FROM slots) > 1
-     ORDER BY turn, priority, run_at, id
+     ORDER BY turn, priority, run_at, place_id
      LIMIT %(limit)s)
 ),
 -- Each start of a limited kind counts from now on; starts out of every window go.
@@ -409,6 +410,8 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
     gates; the chosen jobs of the full and fair claims carry their fair turns."""
     tables = _tables(alias)
     served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
+    # The turns order a fair kind's picks as the scan's rows whose places they take.
+    place_id = "id" if shape == "lean" else "place_id"
     dedup_gate = DEDUP_GATE.format(**tables)
     rows = (
         {
@@ -433,8 +436,8 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
         "tiers": _TURNS,
         "slot_turns": _SLOT_TURNS,
         "slot_joins": _SLOT_JOINS,
-        "queued": _QUEUED,
-        "tier_turn": _TIER_TURN,
+        "queued": _QUEUED.format(place_id=place_id),
+        "tier_turn": _TIER_TURN.format(place_id=place_id),
     }
 
 
@@ -491,6 +494,7 @@ def postgresql_statement(
 ) -> tuple[str, dict[str, Any]]:
     """The claim statement and its parameters (for the claim, and for EXPLAIN)."""
     sql = _claim_sql(alias, request.queues is not None, claim_shape(request))
+    limited_kinds = {limit.kind for limit in request.limits} | {rule.kind for rule in request.rates}
     params = {
         "queues": list(request.queues or []),
         "tiers": list(TIERS),
@@ -510,9 +514,8 @@ def postgresql_statement(
         "fair_cursors": [clock.fair_cursor(kind) for kind in request.fair_kinds],
         "fair_keys": min(request.limit, FAIR_KEYS),
         "fair_beyond": FAIR_BEYOND,
-        "limited_kinds": sorted(
-            {limit.kind for limit in request.limits} | {rule.kind for rule in request.rates}
-        ),
+        "limited_kinds": sorted(limited_kinds),
+        "fair_unordered": not limited_kinds.intersection(request.fair_kinds),
         "kind_prefix": request.kind_prefix,
         "prefix_lease_seconds": (
             None if request.prefix_lease is None else request.prefix_lease.total_seconds()
