@@ -10,11 +10,12 @@ account with one.
 The known keys are those the scan reached (their rows are the candidates, locked
 already) and those visited in the fair index, one probe per key, from the key
 after the one this worker served last (`TierClock.fair_cursor`, wrapping round).
-A claim visits as many keys as its scan's rows repeat a key, plus `FAIR_BEYOND`,
-at most `FAIR_KEYS`: when one account's backlog filled the scan, the claim looks
-for as many other accounts as it has places; when the scan's rows all have keys
-of their own (a drain over many accounts) it looks 8 keys further, so a key the
-scan does not reach still gets its turn within (keys) / 8 claims. In each round
+A claim visits as many keys as the most rows of one key in its scan beyond the
+first, plus `FAIR_BEYOND`, at most `FAIR_KEYS`: when one account's backlog filled
+the scan, the claim looks for as many other accounts as it has places; when the
+scan's rows all have keys of their own (a drain over many accounts) it looks 8
+keys further, so a key the scan does not reach still gets its turn within
+(keys) / 8 claims. In each round
 the visited keys come first, in key order from the cursor, then the keys only
 reached, in enqueue order. A visited key the scan did not reach gives its first
 due jobs, up to its share of the places (rounded up). The cost of a claim does
@@ -41,10 +42,10 @@ FAIR_KEYS = 64
 turns in the next claims, from where this one stopped)."""
 
 FAIR_BEYOND = 8
-"""The keys a claim visits beyond those it needs to fill the places its scan gave
-to repeated keys: when the scan's rows all have keys of their own, the claim
-costs 8 probes, and a key the scan does not reach still gets its turn within
-(keys with due jobs) / 8 claims."""
+"""The keys a claim visits beyond the places its scan gave one key after its first:
+when the scan's rows all have keys of their own, the claim costs 8 probes, and a
+key the scan does not reach still gets its turn within (keys with due jobs) / 8
+claims."""
 
 # `{row_keys}` (the rate and cap keys of a row) and `{row_gates}` (what it must pass to
 # be claimed now) are the slot scan's; each starts with a comment line of its own.
@@ -124,7 +125,7 @@ fair_shares AS (
     GROUP BY u.queue, u.priority, u.rank, u.kind, s.places, s.reached
 ),
 -- The candidates: the scan's rows of the kind, with their key's turn if it was
--- visited (a key past the visited ones gets none: it comes after all of them); and
+-- visited (a key only reached gets none: it comes after the visited ones); and
 -- for each visited key the scan did not reach, its first due jobs, up to its share,
 -- as the scan takes them (its gates, SKIP LOCKED). That key is bounded as a range and
 -- the order names it, so that the fair index gives the rows in order: with
