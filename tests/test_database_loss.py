@@ -191,7 +191,7 @@ def test_a_worker_survives_its_connections_being_terminated_mid_backlog(
 
 
 def test_the_listener_re_listens_after_its_connection_is_terminated(workers: Workers) -> None:
-    worker = workers.start(ALIAS, "--poll-interval", "30")
+    worker = workers.start(ALIAS, "--poll-interval", "3600")
     (first,) = wait_until(listeners, timeout=30, message="the worker to LISTEN")
 
     def done_within(seconds: float, n: int) -> float:
@@ -200,29 +200,28 @@ def test_the_listener_re_listens_after_its_connection_is_terminated(workers: Wor
         wait_until(
             lambda: state_of(job.pk) == venturi.State.COMPLETED,
             timeout=seconds,
-            message=f"job {n} to be done (the poll interval is 30 s)",
+            message=f"job {n} to be done (the poll interval is an hour)",
         )
         return time.monotonic() - begun
 
-    # Woken by NOTIFY: far sooner than the 30 s poll.
-    done_within(5, 0)
+    # Woken by NOTIFY: within half a minute, not at the hour's poll.
+    done_within(30, 0)
 
     assert terminate(f"pid = {first}") == [first]
     # This job's NOTIFY may reach nobody; the listener wakes the worker when it is back.
-    latencies = [done_within(5, 1)]
+    latencies = [done_within(30, 1)]
     (second,) = wait_until(
         lambda: [pid for pid in listeners() if pid != first],
-        timeout=5,
+        timeout=30,
         message="the worker to LISTEN again",
     )
     for n in range(2, 7):
-        latencies.append(done_within(5, n))
+        latencies.append(done_within(30, n))
     assert worker.poll() is None
     log = workers.log(0)
     assert "listener lost its connection" in log and "listener reconnected" in log
     assert "lost the database" not in log  # only the listener's connection was cut
     print(f"\nlistener: {second} replaced {first}; latencies {[round(t, 2) for t in latencies]}")
-    assert max(latencies) < 5
     assert started_up(workers)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
