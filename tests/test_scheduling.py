@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from datetime import timedelta
@@ -87,8 +88,14 @@ WAKE_DEADLINE = 30
 """Generous for a loaded machine, and two orders of magnitude short of LONG_POLL."""
 
 
-def wait_for_probe(alias: str, workers: Workers, *args: str) -> None:
-    """Start a worker and wait until it has run a probe job and written its verdict."""
+def wait_for_probe(
+    alias: str, workers: Workers, monkeypatch: pytest.MonkeyPatch, *args: str
+) -> None:
+    """Start a worker whose loop wakes for nothing but a notification and its poll (the
+    test settings' half-second recovery sweep would wake it too, and claim); wait until
+    it has run a probe job and written its verdict."""
+    chores = {"RESCUE_INTERVAL": int(LONG_POLL), "PERIODIC_INTERVAL": int(LONG_POLL)}
+    monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps(chores))
     probe = Noop(n=-1).enqueue(using=alias)
     workers.start(alias, *args)
     wait_until(
@@ -98,8 +105,10 @@ def wait_for_probe(alias: str, workers: Workers, *args: str) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_idle_worker_is_woken_by_each_commit_not_by_its_poll(workers: Workers) -> None:
-    wait_for_probe("default", workers, "--poll-interval", LONG_POLL)
+def test_an_idle_worker_is_woken_by_each_commit_not_by_its_poll(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wait_for_probe("default", workers, monkeypatch, "--poll-interval", LONG_POLL)
     latencies = []
     for i in range(40):
         committed = time.time()
@@ -119,10 +128,13 @@ def test_an_idle_worker_is_woken_by_each_commit_not_by_its_poll(workers: Workers
     print(f"wake latency over 40 jobs: median {sorted(latencies)[20] * 1000:.1f} ms")
 
 
-def test_a_delayed_job_runs_on_time_not_early(alias: str, workers: Workers) -> None:
+def test_a_delayed_job_runs_on_time_not_early(
+    alias: str, workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # PostgreSQL: the enqueue's NOTIFY tells the idle worker when to wake, whatever the
     # poll interval. SQLite has no notifications: the worker learns of it at its next poll.
-    wait_for_probe(alias, workers, "--poll-interval", LONG_POLL if alias == "default" else "0.5")
+    poll = LONG_POLL if alias == "default" else "0.5"
+    wait_for_probe(alias, workers, monkeypatch, "--poll-interval", poll)
     job = Stamped(label="later").enqueue(delay=timedelta(seconds=1.5), using=alias)
     job.refresh_from_db()
     record = wait_until(
