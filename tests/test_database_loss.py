@@ -12,6 +12,7 @@ touched.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import signal
 import threading
@@ -190,7 +191,14 @@ def test_a_worker_survives_its_connections_being_terminated_mid_backlog(
     )
 
 
-def test_the_listener_re_listens_after_its_connection_is_terminated(workers: Workers) -> None:
+def test_the_listener_re_listens_after_its_connection_is_terminated(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing but a notification wakes it in time: an hour's poll, and an hour between
+    # its recovery sweeps and scheduler passes (the test settings' half second would
+    # wake it, and claim, without one).
+    chores = {"RESCUE_INTERVAL": 3600, "PERIODIC_INTERVAL": 3600}
+    monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps(chores))
     worker = workers.start(ALIAS, "--poll-interval", "3600")
     (first,) = wait_until(listeners, timeout=30, message="the worker to LISTEN")
 
