@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import timedelta
 
@@ -34,26 +33,22 @@ def test_cancel_reaches_a_running_job(alias: str, workers: Workers) -> None:
     workers.start(alias, "--concurrency", "2")
     wait_until(lambda: record_of(alias, job, "cancellable_started"), message="the job to start")
 
-    asked_at = time.time()
     result = venturi.cancel(job.id, using=alias)
     assert result == venturi.CancelResult(cancelled=0, stopping=1)
 
-    stopped = wait_until(lambda: record_of(alias, job, "cancellable_stopped"), timeout=15)
+    stopped = wait_until(lambda: record_of(alias, job, "cancellable_stopped"), timeout=30)
     assert stopped.value["cancel"] is True
-    reached_after = stopped.value["at"] - asked_at
-    print(f"cancel reached the handler on {alias} after {reached_after:.3f} s")
     wait_until(lambda: Job.objects.using(alias).get(id=job.id).state == venturi.State.CANCELLED)
     job.refresh_from_db()
     assert job.finished_at is not None and job.cancel_requested_at is not None
     # The handler returned `completed`; the cancel wins all the same.
     assert journal(alias, job) == ["cancelled"]
+    # How the worker learnt of it, not how fast: the speed is benchmarks' business.
     if alias == "default":
         # PostgreSQL: the NOTIFY reaches the worker at once (typically a few ms).
-        assert reached_after < 1.0, reached_after
         assert "learnt by notification" in workers.log()
     else:
         # SQLite: at the worker's next heartbeat (a third of the shortest test lease, 0.67 s).
-        assert reached_after < 3.0, reached_after
         assert "learnt by heartbeat" in workers.log()
 
 

@@ -110,11 +110,11 @@ def test_a_claim_beside_the_caps_lock_holder_takes_other_kinds_at_once() -> None
     venturi.enqueue_many([Rated(n=i) for i in range(3)])
     clock = TierClock((6, 3, 1))
     with caps_lock_held_elsewhere():
-        began = time.monotonic()
+        # Tried, not waited for: the lock's other session keeps it until the block ends,
+        # and a claim that waited would not come back with the other kinds and a try later.
         beside = claim("default", capped_request(), clock)
-        assert time.monotonic() - began < 1.0  # no wait for the lock
         assert sorted(job.kind for job in beside) == ["tests.noop"] * 3
-        assert beside.counted_later
+        assert beside.counted_later  # the capped and rated kinds: left for the next try
     after = claim("default", capped_request(), clock)
     assert sorted(job.kind for job in after) == ["tests.capped"] * 2 + ["tests.rated"] * 3
     assert not after.counted_later

@@ -7,8 +7,6 @@ CONN_MAX_AGE at Django's default, 0.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.db import connections
 
@@ -25,6 +23,13 @@ CONCURRENCY = 3
 
 def backend_pids() -> list[int]:
     return list(Record.objects.filter(kind="backend_pid").values_list("value", flat=True))
+
+
+def live_backends() -> list[int]:
+    """The server's backends now (a terminated one leaves once its socket is closed)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity")
+        return [pid for (pid,) in cursor.fetchall()]
 
 
 def all_completed(count: int) -> bool:
@@ -53,7 +58,8 @@ def test_a_kept_connection_the_server_closed_is_replaced_before_the_next_job(
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [list(first)]
         )
-    time.sleep(0.3)  # the terminations reach the worker's sockets
+    # The backends are gone (their sockets closed) before the next wave is enqueued.
+    wait_until(lambda: not first & set(live_backends()), message="the backends to exit")
     venturi.enqueue_many([tasks.BackendPid(n=i) for i in range(12, 24)])
     wait_until(lambda: all_completed(24), message="the second wave", timeout=60)
     second = set(backend_pids()) - first

@@ -18,20 +18,19 @@ NAP = 0.3
 SHIFT = timedelta(seconds=0.05)
 """One slot: each run starts at least a handler's run after the previous one (less the
 few milliseconds the claim's round trip can shift a start by)."""
-SLACK = timedelta(seconds=0.25)
-"""What a duration may add to the handler's own run: the verdict write, a busy machine."""
-WRITE_SLACK = timedelta(seconds=0.15)
-"""`finished_at` is the verdict write's time: the next run may start before it."""
 
 
 def assert_sequential(intervals: list[tuple[datetime, datetime]], nap: float = NAP) -> None:
-    """Runs of one slot: one after another, each about as long as its handler."""
+    """Runs of one slot: one after another, each at least as long as its handler.
+
+    Only lower bounds: a busy machine delays a start or a verdict write by any amount,
+    never hastens one. Dated from the claim, the buffered runs would share one start
+    and fail the second loop's bound."""
     intervals = sorted(intervals)
     for started, finished in intervals:
-        assert timedelta(seconds=nap) <= finished - started < timedelta(seconds=nap) + SLACK
-    for (started, finished), (next_started, _) in pairwise(intervals):
+        assert finished - started >= timedelta(seconds=nap)
+    for (started, _), (next_started, _) in pairwise(intervals):
         assert next_started >= started + timedelta(seconds=nap) - SHIFT
-        assert next_started >= finished - WRITE_SLACK
 
 
 def test_buffered_jobs_are_dated_from_their_handlers_start(alias: str, workers: Workers) -> None:

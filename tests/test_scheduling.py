@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from datetime import timedelta
@@ -81,47 +82,68 @@ def test_a_local_cap_limits_one_worker(alias: str, workers: Workers) -> None:
     assert overlap(intervals(alias, "uncapped")) == 1
 
 
-def wait_for_probe(alias: str, workers: Workers, *args: str) -> None:
+LONG_POLL = "3600"
+"""The longest poll interval: a job that starts within WAKE_DEADLINE was woken for."""
+WAKE_DEADLINE = 30
+"""Generous for a loaded machine, and two orders of magnitude short of LONG_POLL."""
+
+
+def wait_for_probe(
+    alias: str, workers: Workers, monkeypatch: pytest.MonkeyPatch, *args: str
+) -> None:
+    """Start a worker whose loop wakes for nothing but a notification and its poll (the
+    test settings' half-second recovery sweep would wake it too, and claim); wait until
+    it has run a probe job and written its verdict."""
+    chores = {"RESCUE_INTERVAL": int(LONG_POLL), "PERIODIC_INTERVAL": int(LONG_POLL)}
+    monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps(chores))
     probe = Noop(n=-1).enqueue(using=alias)
     workers.start(alias, *args)
     wait_until(
-        lambda: Record.objects.using(alias).filter(job_id=probe.pk).exists(),
+        lambda: Job.objects.using(alias).get(pk=probe.pk).state == venturi.State.COMPLETED,
         message="the worker to be ready",
     )
-    time.sleep(0.5)  # let it go idle, waiting on LISTEN (or the poll)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_jobs_start_within_milliseconds_of_commit_with_a_long_poll(workers: Workers) -> None:
-    wait_for_probe("default", workers, "--poll-interval", "30")
+def test_an_idle_worker_is_woken_by_each_commit_not_by_its_poll(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wait_for_probe("default", workers, monkeypatch, "--poll-interval", LONG_POLL)
     latencies = []
     for i in range(40):
         committed = time.time()
         job = Stamped(label=str(i)).enqueue()
         record = wait_until(
             lambda job=job: Record.objects.filter(job_id=job.pk).first(),
-            timeout=5,
-            message=f"job {i} to start",
+            timeout=WAKE_DEADLINE,
+            message=f"job {i} to start (an hour's poll away, were it not woken)",
         )
         latencies.append(record.value["t"] - committed)
-        time.sleep(0.02)
-    assert max(latencies) < 1.0, latencies
+        # The next commit finds the worker done with this job, most often idle again.
+        wait_until(
+            lambda job=job: Job.objects.get(pk=job.pk).state == venturi.State.COMPLETED,
+            message=f"job {i} to complete",
+        )
+    # How fast is benchmarks/latency.py's question (W3); printed for the curious only.
     print(f"wake latency over 40 jobs: median {sorted(latencies)[20] * 1000:.1f} ms")
 
 
-def test_a_delayed_job_runs_on_time_not_early(alias: str, workers: Workers) -> None:
+def test_a_delayed_job_runs_on_time_not_early(
+    alias: str, workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # PostgreSQL: the enqueue's NOTIFY tells the idle worker when to wake, whatever the
     # poll interval. SQLite has no notifications: the worker learns of it at its next poll.
-    wait_for_probe(alias, workers, "--poll-interval", "30" if alias == "default" else "0.5")
+    poll = LONG_POLL if alias == "default" else "0.5"
+    wait_for_probe(alias, workers, monkeypatch, "--poll-interval", poll)
     job = Stamped(label="later").enqueue(delay=timedelta(seconds=1.5), using=alias)
     job.refresh_from_db()
     record = wait_until(
         lambda: Record.objects.using(alias).filter(job_id=job.pk).first(),
-        timeout=10,
+        timeout=WAKE_DEADLINE + 10,
         message="the delayed job to run",
     )
     started = record.value["t"]
     due = job.run_at.timestamp()
     assert started >= due  # never early (one machine: database and worker clocks agree)
-    assert started - due < 1.0  # and on time, although the poll interval is 30 s
+    assert started - due < WAKE_DEADLINE  # and on its due time, not at the hour's poll
     assert timezone.now() > job.run_at

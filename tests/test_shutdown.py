@@ -44,10 +44,10 @@ def test_a_cooperative_job_sees_should_stop_and_pauses(alias: str, workers: Work
     job = tasks.Sleeper(seconds=60, cooperative=True).enqueue(using=alias)
     process = workers.start(alias, "--shutdown-timeout", "10")
     wait_until(lambda: started(alias, job), message="the job to start")
-    begun = time.monotonic()
     process.send_signal(signal.SIGTERM)
+    # Out of its 60 s sleep well before the 10 s shutdown timeout would release it:
+    # "paused" (not "released") is the handler's own answer to should_stop.
     assert process.wait(timeout=20) == 0
-    assert time.monotonic() - begun < 5
     job.refresh_from_db()
     assert job.state == venturi.State.READY
     assert outcomes(alias, job) == ["paused"]
@@ -62,8 +62,8 @@ def test_a_job_that_ignores_should_stop_is_released_at_the_timeout(
     wait_until(lambda: started(alias, job), message="the job to start")
     begun = time.monotonic()
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=20) == 0
-    assert 0.8 < time.monotonic() - begun < 8
+    assert process.wait(timeout=20) == 0  # not the job's 60 s
+    assert time.monotonic() - begun >= 0.8  # it gave the job its shutdown timeout first
     job.refresh_from_db()
     assert job.state == venturi.State.READY
     assert outcomes(alias, job) == ["released"]
@@ -82,12 +82,17 @@ def test_a_second_sigterm_skips_the_wait(alias: str, workers: Workers) -> None:
     process = workers.start(alias, "--shutdown-timeout", "60")
     wait_until(lambda: started(alias, job), message="the job to start")
     process.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    assert process.poll() is None  # still waiting for the job
-    begun = time.monotonic()
+    wait_until(
+        lambda: "got SIGTERM: stopping" in workers.log(),
+        message="the worker to take the first SIGTERM",
+    )
+    assert process.poll() is None  # still waiting for the job, up to its 60 s timeout
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=20) == 0
-    assert time.monotonic() - begun < 5
+    wait_until(
+        lambda: "got SIGTERM: forcing" in workers.log(),
+        message="the worker to take the second SIGTERM",
+    )
+    assert process.wait(timeout=20) == 0  # well before the 60 s shutdown timeout
     job.refresh_from_db()
     assert job.state == venturi.State.READY
     assert outcomes(alias, job) == ["released"]
@@ -111,26 +116,21 @@ def test_a_killed_workers_job_is_recovered_after_its_lease(alias: str, workers: 
     assert rescuer.wait(timeout=20) == 0
 
 
-def stopped_then_exited(process: subprocess.Popen[bytes], workers: Workers) -> float:
-    """Wait for the worker's "stopped" line and its exit; return the seconds between them."""
-    deadline = time.monotonic() + 30
-    said_stopped: float | None = None
-    while process.poll() is None:
-        if said_stopped is None and "stopped after" in workers.log():
-            said_stopped = time.monotonic()
-        assert time.monotonic() < deadline, f"the worker did not exit:\n{workers.log()}"
-        time.sleep(0.01)
-    exited = time.monotonic()
+def stopped_then_exited(process: subprocess.Popen[bytes], workers: Workers) -> None:
+    """Wait for the worker's exit (30 s at most); it said "stopped" and exited cleanly."""
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker did not exit:\n{workers.log()}")
     assert process.returncode == 0, workers.log()
     assert "stopped after" in workers.log()
-    return exited - (said_stopped or exited)
 
 
-def test_an_idle_worker_exits_right_after_saying_it_stopped(alias: str, workers: Workers) -> None:
+def test_an_idle_worker_says_it_stopped_and_exits(alias: str, workers: Workers) -> None:
     process = workers.start(alias)
     wait_until(lambda: "starting" in workers.log(), message="the worker to start")
     process.send_signal(signal.SIGTERM)
-    assert stopped_then_exited(process, workers) < 1.0
+    stopped_then_exited(process, workers)
     assert "stopped after 0 runs" in workers.log()
 
 
@@ -139,10 +139,8 @@ def test_a_released_async_handler_does_not_hold_up_the_exit(alias: str, workers:
     job = tasks.AsyncBlocking(seconds=120).enqueue(using=alias)
     process = workers.start(alias, "--shutdown-timeout", "0.5")
     wait_until(lambda: started(alias, job), message="the job to start")
-    begun = time.monotonic()
     process.send_signal(signal.SIGTERM)
-    stopped_then_exited(process, workers)
-    assert time.monotonic() - begun < 20  # not the handler's two minutes
+    stopped_then_exited(process, workers)  # within 30 s: not the handler's two minutes
     job.refresh_from_db()
     assert job.state == venturi.State.READY
     assert outcomes(alias, job) == ["released"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import signal
-import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -205,8 +205,30 @@ def start_idle_workers(
         lambda: WorkerProcess.objects.filter(stopped_at__isnull=True).count() == count,
         message=f"{count} workers to register",
     )
-    # Each reads the registry at its heartbeat (a third of the shortest test lease).
-    time.sleep(2)
+    wait_until_each_worker_has_seen_the_others()
+
+
+def wait_until_each_worker_has_seen_the_others() -> None:
+    """Each worker reads the registry right after writing its heartbeat: a heartbeat
+    later than the last registration is followed by a read that finds every worker,
+    and the heartbeat after that one comes once that read is done."""
+    live = WorkerProcess.objects.filter(stopped_at__isnull=True)
+    last_registered = max(live.values_list("started_at", flat=True))
+    beat_after_it: dict[str, Any] = {}
+
+    def each_beat_after(since: Callable[[str], Any]) -> bool:
+        beats = dict(live.values_list("name", "heartbeat_at"))
+        return all(beat > since(name) for name, beat in beats.items())
+
+    wait_until(
+        lambda: each_beat_after(lambda _name: last_registered),
+        message="each worker to beat after the last one registered",
+    )
+    beat_after_it.update(live.values_list("name", "heartbeat_at"))
+    wait_until(
+        lambda: each_beat_after(lambda name: beat_after_it[name]),
+        message="each worker to beat again, its read of the registry done",
+    )
 
 
 def ran(job: Job) -> Record | None:
@@ -219,14 +241,17 @@ def test_with_four_idle_workers_an_enqueue_costs_at_most_two_claims(
 ) -> None:
     start_idle_workers(workers, monkeypatch, 4)
     before = claims()
-    jobs = []
     for n in range(5):
-        jobs.append(tasks.Noop(n=n).enqueue())
-        wait_until(lambda: ran(jobs[-1]), message="the job to run")
-        time.sleep(0.3)  # each called worker's empty claim has come back
+        job = tasks.Noop(n=n).enqueue()
+        wait_until(lambda job=job: ran(job), message="the job to run")
+        # Both called workers claimed: one took the job, the other came back empty.
+        wait_until(
+            lambda n=n: claims() - before >= 2 * (n + 1),
+            message=f"the two called workers' claims for job {n}",
+        )
     spent = claims() - before
     # Every worker used to claim at every notification: 20 claims.
-    assert 5 <= spent <= 10, f"{spent} claims for 5 enqueues with 4 idle workers"
+    assert spent <= 10, f"{spent} claims for 5 enqueues with 4 idle workers"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -247,11 +272,9 @@ def test_a_job_runs_at_once_on_a_free_worker_when_the_called_ones_are_full(
         Job.objects.filter(pk__in=[job.pk for job in blockers]).values_list("claimed_by", flat=True)
     )
     assert holders == {name for name, _ in ranked[:2]}, "the first two workers took the four"
-    began = time.monotonic()
     enqueued = tasks.Sleeper(seconds=0).enqueue()
-    record = wait_until(lambda: ran(enqueued), timeout=20, message="the new job to run")
-    # Not after a minute's poll, nor after a blocker's minute.
-    assert time.monotonic() - began < 5
+    # Within half a minute: not at a minute's poll, nor after a blocker's minute.
+    record = wait_until(lambda: ran(enqueued), timeout=30, message="the new job to run")
     assert record.value == third and third not in first_two
 
 
@@ -269,24 +292,21 @@ def test_a_job_runs_at_once_when_the_first_worker_was_killed_a_moment_ago(
     (killed,) = [p for p in workers.processes if p.pid == first]
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=10)
-    began = time.monotonic()
     job = tasks.Sleeper(seconds=0).enqueue()
-    record = wait_until(lambda: ran(job), timeout=20, message="the job to run")
-    assert time.monotonic() - began < 5  # not after a minute's poll
+    # Within half a minute: not at a minute's poll.
+    record = wait_until(lambda: ran(job), timeout=30, message="the job to run")
     assert record.value in survivors
 
 
-def wake_latencies(count: int, expected_pid: int | None = None) -> list[float]:
-    """Seconds from each of `count` enqueues (one after another) to its job's run."""
-    latencies = []
-    for _ in range(count):
-        began = time.monotonic()
+def run_one_after_another(count: int, expected_pid: int) -> None:
+    """Enqueue `count` jobs one after another; each runs on `expected_pid` within half a
+    minute (the workers poll once a minute: a job that runs in time was woken for)."""
+    for n in range(count):
         job = tasks.Sleeper(seconds=0).enqueue()
-        record = wait_until(lambda job=job: ran(job), timeout=20, message="the job to run")
-        latencies.append(time.monotonic() - began)
-        if expected_pid is not None:
-            assert record.value == expected_pid
-    return latencies
+        record = wait_until(
+            lambda job=job: ran(job), timeout=30, message=f"job {n} to run (a minute's poll)"
+        )
+        assert record.value == expected_pid
 
 
 @pytest.mark.django_db(transaction=True)
@@ -296,18 +316,14 @@ def test_wake_ups_reach_the_survivor_at_once_after_three_of_four_workers_were_ki
     """kill -9 (a lost node, an OOM kill) leaves registry rows that look live for
     `stale_after()` (30 s); their listeners' connections are gone at once, and the
     survivor, last of its group, is called right away instead of at its next poll."""
-    start_idle_workers(workers, monkeypatch, 4, "--poll-interval", "1")
-    normal = statistics.median(wake_latencies(5))
+    start_idle_workers(workers, monkeypatch, 4)
     *doomed, (_, survivor) = sorted(WorkerProcess.objects.values_list("name", "pid"))
     for _, pid in doomed:
         (process,) = [p for p in workers.processes if p.pid == pid]
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
-    after = wake_latencies(15, expected_pid=survivor)
-    # The killed workers were still live by their heartbeats throughout.
+    run_one_after_another(15, expected_pid=survivor)
+    # The killed workers were still live by their heartbeats throughout: the survivor
+    # was not called, it answered a call to the dead.
     listed = {peer.name for peer in registration.live_peers("default")}
-    assert {name for name, _ in doomed} <= listed, f"measured after the rows went stale: {after}"
-    # Without the wake-up the survivor claims at its next poll: about 1 s each time.
-    assert statistics.median(after) < 0.3, (
-        f"normal {normal:.3f} s; after the kills {[round(s, 3) for s in after]}"
-    )
+    assert {name for name, _ in doomed} <= listed, "measured after the rows went stale"

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connections, transaction
@@ -20,7 +19,7 @@ import django_venturi as venturi
 from django_venturi.models import Job, JournalEntry, WorkerProcess
 from django_venturi.store import leases
 from django_venturi.store.clock import database_time, now_expression
-from tests.conftest import Workers, wait_until, worker_env
+from tests.conftest import Workers, in_thread, result_of, wait_until, worker_env
 from tests.testapp import tasks
 from tests.testapp.hardening_tasks import HeldKey
 from tests.testapp.models import Record
@@ -50,29 +49,47 @@ def state_of(job_id: int) -> str:
     return str(Job.objects.using(ALIAS).values_list("state", flat=True).get(pk=job_id))
 
 
-def test_a_producers_row_lock_costs_no_job_its_lease(workers: Workers) -> None:
+def lease_of(job_id: int) -> datetime:
+    expires = Job.objects.using(ALIAS).values_list("lease_expires_at", flat=True).get(pk=job_id)
+    assert expires is not None, f"job {job_id} holds no lease"
+    return expires
+
+
+def clock_time() -> datetime:
+    """The database's time now, even inside a transaction (whose `now()` stands still)."""
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        (now,) = cursor.fetchone()
+    return now
+
+
+def test_a_producers_row_lock_costs_no_job_its_lease(workers: Workers, tmp_path: Path) -> None:
     """A keyed enqueue that merges into a running job holds that row locked until the
     producer commits. The worker's heartbeat skips the row instead of waiting for it: the
     other job it runs keeps its lease, and so does the locked one, since its worker
     keeps beating. Before, the one heartbeat statement waited behind the lock and both
-    3 s leases ran out during the producer's 6 s transaction: the jobs ran twice."""
-    keyed = HeldKey(key="locked", seconds=8).enqueue(using=ALIAS)
-    other = tasks.Sleeper(seconds=8, cooperative=False).enqueue(using=ALIAS)
+    3 s leases ran out during the producer's transaction: the jobs ran twice."""
+    gate = tmp_path / "gate"
+    keyed = HeldKey(key="locked", gate=str(gate)).enqueue(using=ALIAS)
+    other = HeldKey(key="free", gate=str(gate)).enqueue(using=ALIAS)
     workers.start(ALIAS, "--concurrency", "4")
     wait_until(lambda: runs_of(keyed.pk) and runs_of(other.pk), timeout=30)
 
     def producer() -> None:
-        try:
-            with transaction.atomic(using=ALIAS):
-                merged = HeldKey(key="locked").enqueue(using=ALIAS)
-                assert merged.pk == keyed.pk  # merged into the running job: its row is locked
-                time.sleep(6)
-        finally:
-            connections.close_all()
+        with transaction.atomic(using=ALIAS):
+            merged = HeldKey(key="locked").enqueue(using=ALIAS)
+            assert merged.pk == keyed.pk  # merged into the running job: its row is locked
+            locked_lease = lease_of(keyed.pk)
+            # Held until the locked job's lease has run out, and the worker's heartbeat
+            # has carried the other job's lease past that moment (it skipped the row).
+            wait_until(
+                lambda: clock_time() > locked_lease and lease_of(other.pk) > locked_lease,
+                message="the lease to run out while the row is locked, the other extended",
+            )
 
-    thread = threading.Thread(target=producer)
-    thread.start()
-    thread.join(timeout=30)
+    thread, box = in_thread(producer)
+    result_of(thread, box, timeout=60)
+    gate.touch()
     wait_until(
         lambda: state_of(keyed.pk) == state_of(other.pk) == venturi.State.COMPLETED, timeout=30
     )

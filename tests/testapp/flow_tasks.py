@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 
 import django_venturi as venturi
-from tests.testapp.tasks import NO_WAIT, record
+from tests.testapp.tasks import NO_WAIT, record, wait_for_file
 
 
 def stamp(ctx: venturi.Context, kind: str, **extra: object) -> None:
@@ -87,14 +87,19 @@ class RatedFifty(venturi.Task):
 @venturi.task(kind="tests.held")
 @dataclasses.dataclass
 class Held(venturi.Task):
-    """Runs for `seconds`: keeps a handler slot busy while a pause happens."""
+    """Runs for `seconds`, or until the file `gate` exists (60 s at most): keeps a handler
+    slot busy while a pause happens."""
 
     n: int = 0
     seconds: float = 0.0
+    gate: str = ""
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         stamp(ctx, "held", n=self.n)
-        time.sleep(self.seconds)
+        if self.gate:
+            wait_for_file(self.gate)
+        else:
+            time.sleep(self.seconds)
         return venturi.Outcome.completed()
 
 

@@ -10,23 +10,28 @@ from typing import Any
 
 import django_venturi as venturi
 from django_venturi import signals
-from tests.testapp.tasks import NO_WAIT, record
+from tests.testapp.tasks import NO_WAIT, record, wait_for_file
 
 
 @venturi.task(kind="tests.held_key", lease=timedelta(seconds=3), backoff=NO_WAIT)
 @dataclasses.dataclass
 class HeldKey(venturi.Task):
-    """A keyed job that runs for `seconds`; a clashing enqueue is merged into it (keep)."""
+    """A keyed job that runs for `seconds`, or until the file `gate` exists (60 s at
+    most); a clashing enqueue is merged into it (keep)."""
 
     key: str
     seconds: float = 0.0
+    gate: str = ""
 
     def dedup_key(self) -> str | None:
         return self.key
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
         record(ctx, "held_key", os.getpid())
-        time.sleep(self.seconds)
+        if self.gate:
+            wait_for_file(self.gate)
+        else:
+            time.sleep(self.seconds)
         return venturi.Outcome.completed()
 
 
