@@ -33,7 +33,7 @@ KINDS = ["tests.fair", "tests.uncapped"]
 
 
 def request(limit: int, shape: str = "fair") -> ClaimRequest:
-    """A claim of the fair kind in the statement of `shape`: "fair", or "full" (a
+    """A claim of the fair kind in the statement of `shape`: "fair", or "full_fair" (a
     local cap on another kind makes the claim count, as with capped kinds)."""
     made = ClaimRequest(
         worker="w1",
@@ -42,7 +42,7 @@ def request(limit: int, shape: str = "fair") -> ClaimRequest:
         leases=[timedelta(minutes=5)] * len(KINDS),
         queues=None,
         fair_kinds=["tests.fair"],
-        limits=[KindLimit("tests.uncapped", None, 1000)] if shape == "full" else [],
+        limits=[KindLimit("tests.uncapped", None, 1000)] if shape == "full_fair" else [],
     )
     assert claim_shape(made) == shape
     return made
@@ -67,7 +67,7 @@ def test_a_merge_that_changes_the_payload_moves_the_job_to_its_new_key(alias: st
     assert Job.objects.using(alias).get(pk=first.pk).fair_key == "globex"
 
 
-@pytest.mark.parametrize("shape", ["fair", "full"])
+@pytest.mark.parametrize("shape", ["fair", "full_fair"])
 def test_one_accounts_backlog_does_not_hold_back_the_others(alias: str, shape: str) -> None:
     venturi.enqueue_many([Fair(account="acme", n=n) for n in range(50)], using=alias)
     venturi.enqueue_many([Fair(account=f"b{n}") for n in range(4)], using=alias)
@@ -78,7 +78,7 @@ def test_one_accounts_backlog_does_not_hold_back_the_others(alias: str, shape: s
     assert sorted(acme) == [0, 1, 2, 3, 4, 5]  # in enqueue order within an account
 
 
-@pytest.mark.parametrize("shape", ["fair", "full"])
+@pytest.mark.parametrize("shape", ["fair", "full_fair"])
 def test_accounts_take_turns_round_robin_across_claims(alias: str, shape: str) -> None:
     names = [f"a{n:02}" for n in range(30)]
     venturi.enqueue_many([Fair(account=name, n=k) for k in range(3) for name in names], using=alias)
@@ -99,7 +99,7 @@ def test_an_account_the_scan_does_not_reach_gets_its_turn_within_a_claim(alias: 
     assert sorted(accounts(claimed)) == ["a00", *names[:9]]
 
 
-@pytest.mark.parametrize("shape", ["fair", "full"])
+@pytest.mark.parametrize("shape", ["fair", "full_fair"])
 def test_queues_share_a_claim_of_a_fair_kind_by_their_turns(alias: str, shape: str) -> None:
     # Two slots (queues), every key reached: the places follow the queues' turns.
     venturi.enqueue_many([Fair(account=f"a{n}") for n in range(4)], queue="one", using=alias)

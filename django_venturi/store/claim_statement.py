@@ -1,10 +1,11 @@
 """The claim's PostgreSQL statements: their text and the parameters they take.
 
-`postgresql_statement` builds the claim, in three shapes (`claim_shape`): the
-full claim, which counts the running jobs of capped kinds and the starts of
+`postgresql_statement` builds the claim in one of four shapes (`claim_shape`):
+the full claim, which counts the running jobs of capped kinds and the starts of
 rate-limited ones; the lean claim without those counts (the common case); and
-the fair claim, the lean one with the turns of fair kinds (`claim_fair.py`). `next_due_statement`
-(in `claim_next_due.py`) builds what an idle claimer asks from the same parts.
+each with the turns of fair kinds (`claim_fair.py`) when one may be claimed.
+`next_due_statement` (in `claim_next_due.py`) builds what an idle claimer asks
+from the same parts.
 Each long query says why it is written as it is.
 
 `claim.py` runs them (behind the caps lock when the claim counts); `claim_orm.py`
@@ -392,7 +393,20 @@ chosen AS (
 ),
 {claim_tail}"""
 
-_SHAPES = {"lean": _CLAIM_UNLIMITED_SQL, "fair": _CLAIM_FAIR_SQL, "full": _CLAIM_SQL}
+# The full claim's pool when no fair kind may be claimed: the scan's rows as they are.
+_UNFAIR_POOL = """
+pool AS (
+    SELECT id, kind, queue, priority, rank, run_at, id AS place_id, rate_key, cap_key,
+           NULL::bigint AS fair_turn, tier_clock, tier_stride, queue_clock, queue_stride
+    FROM scanned
+)"""
+
+_SHAPES = {
+    "lean": _CLAIM_UNLIMITED_SQL,
+    "fair": _CLAIM_FAIR_SQL,
+    "full": _CLAIM_SQL,
+    "full_fair": _CLAIM_SQL,
+}
 
 
 def _tables(alias: str) -> dict[str, str]:
@@ -407,7 +421,8 @@ def _tables(alias: str) -> dict[str, str]:
 def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[str, str]:
     """The statement's shared parts, with the table names filled in, for a claim of
     `shape` (`_SHAPES`): the full claim's rows have rate and cap keys and pass their
-    gates; the chosen jobs of the full and fair claims carry their fair turns."""
+    gates; the fair kinds' turns are taken in the fair claims, whose chosen jobs
+    carry them."""
     tables = _tables(alias)
     served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
     # The turns order a fair kind's picks as the scan's rows whose places they take.
@@ -418,9 +433,10 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
             "row_keys": ROW_KEYS.format(**tables),
             "row_gates": ROW_GATES.format(**tables, dedup_gate=dedup_gate),
         }
-        if shape == "full"
+        if shape.startswith("full")
         else {"row_keys": NO_ROW_KEYS, "row_gates": dedup_gate}
     )
+    fair = shape in ("fair", "full_fair")
     return {
         **tables,
         **rows,
@@ -429,9 +445,9 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
         "paused": _PAUSED.format(**tables),
         "rates": RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
-        "fair": FAIR_CTES.format(**tables, **rows),
+        "fair": FAIR_CTES.format(**tables, **rows) if fair else _UNFAIR_POOL,
         "claim_tail": _CLAIM_TAIL.format(
-            **tables, fair_turn="NULL::bigint" if shape == "lean" else "chosen.fair_turn"
+            **tables, fair_turn="chosen.fair_turn" if fair else "NULL::bigint"
         ),
         "tiers": _TURNS,
         "slot_turns": _SLOT_TURNS,
@@ -450,9 +466,10 @@ def _claim_sql(alias: str, listed_queues: bool, shape: str) -> str:
 
 def claim_shape(request: ClaimRequest) -> str:
     """The statement a claim needs: the full one if a kind it may take is capped or
-    rate-limited, else the fair one if a kind takes turns by key, else the lean one."""
+    rate-limited (with the fair kinds' turns if one takes turns by key), else the
+    fair one if one does, else the lean one."""
     if request.limited:
-        return "full"
+        return "full_fair" if request.fair_kinds else "full"
     return "fair" if request.fair_kinds else "lean"
 
 
