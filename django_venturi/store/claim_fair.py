@@ -21,7 +21,9 @@ reached, in enqueue order. A visited key the scan did not reach gives its first
 due jobs, up to its share of the places (rounded up). The cost of a claim does
 not follow the number of keys or the backlog.
 
-`claim_statement.py` puts this between the slots' scan (`scanned`) and the pool.
+`claim_statement.py` puts this between the slots' scan (`scanned`) and the pool,
+in the full claim and in the fair one (`FAIR_CLAIM_SQL`, the lean claim with the
+turns); a full claim without fair kinds takes the scan as its pool (`UNFAIR_POOL`).
 """
 
 from __future__ import annotations
@@ -204,6 +206,66 @@ pool AS (
     FROM fair_turns AS turns JOIN fair_order AS s USING (queue, priority, rank, kind)
     JOIN fair_slots AS slot USING (queue, priority, rank, kind)
     WHERE NOT (SELECT held FROM fair_all_reached) AND turns.place <= slot.places
+)"""
+
+
+# The claim when a fair kind is claimable and no kind is capped or rate-limited: the
+# lean claim's selection (`claim_statement.py`), with the fair kinds' places given
+# to their keys in turn (`FAIR_CTES`) between the scan and the pool. Formatted with
+# `claim_statement.fragments`.
+FAIR_CLAIM_SQL = """
+WITH RECURSIVE
+served(queue) AS ({served}),
+{tiers},
+{paused},
+eligible(kinds) AS (
+    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
+    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+),
+{slots},
+-- As in the full claim: the due jobs of each slot in claim order, skipping rows
+-- another worker is claiming right now.
+scanned AS (
+    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, c.cap_key,
+           c.fair_key, {slot_turns}
+    FROM slots
+    {slot_joins}
+    CROSS JOIN LATERAL (
+        SELECT id, kind, priority, rank, run_at, fair_key, {row_keys}
+        FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+          AND rank = slots.rank AND run_at <= now()
+          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
+               OR (starts_with(kind, %(kind_prefix)s::text)
+                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
+          {dedup_gate}
+        ORDER BY run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+),
+{fair},
+{queued},
+ranked AS (
+    SELECT id, kind, priority, fair_turn, {tier_turn} AS turn
+    FROM queued
+),
+-- As in the lean claim: with one slot, its candidates are the claim (no sort).
+chosen AS (
+    SELECT id, kind, fair_turn FROM pool WHERE (SELECT count(*) FROM slots) = 1
+    UNION ALL
+    (SELECT id, kind, fair_turn FROM ranked WHERE (SELECT count(*) FROM slots) > 1
+     ORDER BY turn, priority
+     LIMIT %(limit)s)
+),
+{claim_tail}"""
+
+# The full claim's pool when no fair kind may be claimed: the scan's rows as they are.
+UNFAIR_POOL = """
+pool AS (
+    SELECT id, kind, queue, priority, rank, run_at, id AS place_id, rate_key, cap_key,
+           NULL::bigint AS fair_turn, tier_clock, tier_stride, queue_clock, queue_stride
+    FROM scanned
 )"""
 
 

@@ -21,7 +21,13 @@ from typing import Any
 from django.db import connections
 
 from django_venturi.models import Job, Pause, RateStart
-from django_venturi.store.claim_fair import FAIR_BEYOND, FAIR_CTES, FAIR_KEYS
+from django_venturi.store.claim_fair import (
+    FAIR_BEYOND,
+    FAIR_CLAIM_SQL,
+    FAIR_CTES,
+    FAIR_KEYS,
+    UNFAIR_POOL,
+)
 from django_venturi.store.claim_gates import DEDUP_GATE, NO_ROW_KEYS, RATES, ROW_GATES, ROW_KEYS
 from django_venturi.store.claim_types import ClaimRequest
 from django_venturi.store.scheduling import TIERS, TierClock
@@ -343,67 +349,9 @@ chosen AS (
 {claim_tail}"""
 
 
-# The claim when a fair kind is claimable and no kind is capped or rate-limited: the
-# lean claim's selection, with the fair kinds' places given to their keys in turn
-# (`claim_fair.py`) between the scan and the pool.
-_CLAIM_FAIR_SQL = """
-WITH RECURSIVE
-served(queue) AS ({served}),
-{tiers},
-{paused},
-eligible(kinds) AS (
-    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
-    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
-),
-{slots},
--- As in the full claim: the due jobs of each slot in claim order, skipping rows
--- another worker is claiming right now.
-scanned AS (
-    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, c.cap_key,
-           c.fair_key, {slot_turns}
-    FROM slots
-    {slot_joins}
-    CROSS JOIN LATERAL (
-        SELECT id, kind, priority, rank, run_at, fair_key, {row_keys}
-        FROM {table}
-        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-          AND rank = slots.rank AND run_at <= now()
-          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
-               OR (starts_with(kind, %(kind_prefix)s::text)
-                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
-          {dedup_gate}
-        ORDER BY run_at, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-),
-{fair},
-{queued},
-ranked AS (
-    SELECT id, kind, priority, fair_turn, {tier_turn} AS turn
-    FROM queued
-),
--- As in the lean claim: with one slot, its candidates are the claim (no sort).
-chosen AS (
-    SELECT id, kind, fair_turn FROM pool WHERE (SELECT count(*) FROM slots) = 1
-    UNION ALL
-    (SELECT id, kind, fair_turn FROM ranked WHERE (SELECT count(*) FROM slots) > 1
-     ORDER BY turn, priority
-     LIMIT %(limit)s)
-),
-{claim_tail}"""
-
-# The full claim's pool when no fair kind may be claimed: the scan's rows as they are.
-_UNFAIR_POOL = """
-pool AS (
-    SELECT id, kind, queue, priority, rank, run_at, id AS place_id, rate_key, cap_key,
-           NULL::bigint AS fair_turn, tier_clock, tier_stride, queue_clock, queue_stride
-    FROM scanned
-)"""
-
 _SHAPES = {
     "lean": _CLAIM_UNLIMITED_SQL,
-    "fair": _CLAIM_FAIR_SQL,
+    "fair": FAIR_CLAIM_SQL,
     "full": _CLAIM_SQL,
     "full_fair": _CLAIM_SQL,
 }
@@ -445,7 +393,7 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
         "paused": _PAUSED.format(**tables),
         "rates": RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
-        "fair": FAIR_CTES.format(**tables, **rows) if fair else _UNFAIR_POOL,
+        "fair": FAIR_CTES.format(**tables, **rows) if fair else UNFAIR_POOL,
         "claim_tail": _CLAIM_TAIL.format(
             **tables, fair_turn="chosen.fair_turn" if fair else "NULL::bigint"
         ),
