@@ -218,10 +218,7 @@ WITH RECURSIVE
 served(queue) AS ({served}),
 {tiers},
 {paused},
-eligible(kinds) AS (
-    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
-    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
-),
+{eligible_unpaused},
 {slots},
 -- As in the full claim: the due jobs of each slot in claim order, skipping rows
 -- another worker is claiming right now.
@@ -232,12 +229,7 @@ scanned AS (
     {slot_joins}
     CROSS JOIN LATERAL (
         SELECT id, kind, priority, rank, run_at, fair_key, {row_keys}
-        FROM {table}
-        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-          AND rank = slots.rank AND run_at <= now()
-          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
-               OR (starts_with(kind, %(kind_prefix)s::text)
-                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
+        {due_in_slot}
           {dedup_gate}
         ORDER BY run_at, id
         LIMIT %(limit)s

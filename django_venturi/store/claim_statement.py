@@ -56,6 +56,21 @@ paused_kinds(names) AS (
 )
 """
 
+# The due jobs of a slot (`slots`) that the claim may take: its kinds that are
+# `eligible`, and Django Tasks jobs, whatever their function (NULL prefix: none).
+_DUE_IN_SLOT = """FROM {table}
+        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
+          AND rank = slots.rank AND run_at <= now()
+          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
+               OR (starts_with(kind, %(kind_prefix)s::text)
+                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))"""
+
+# The claimable kinds of a claim that counts nothing: those not paused.
+_ELIGIBLE_UNPAUSED = """eligible(kinds) AS (
+    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
+    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+)"""
+
 _SLOTS = """
 -- The (tier, rank) pairs that hold ready jobs in each served queue, found by
 -- skipping through the claim index from one pair to the next: one index probe
@@ -183,13 +198,7 @@ scanned AS (
     CROSS JOIN LATERAL (
         SELECT id, kind, priority, rank, run_at, fair_key,
                {row_keys}
-        FROM {table}
-        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-          AND rank = slots.rank AND run_at <= now()
-          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
-               -- Django Tasks jobs, whatever their function (NULL: none).
-               OR (starts_with(kind, %(kind_prefix)s::text)
-                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
+        {due_in_slot}
           {row_gates}
         ORDER BY run_at, id
         LIMIT %(limit)s
@@ -306,10 +315,7 @@ WITH RECURSIVE
 served(queue) AS ({served}),
 {tiers},
 {paused},
-eligible(kinds) AS (
-    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
-    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
-),
+{eligible_unpaused},
 {slots},
 -- As in the full claim: the due jobs of each slot in claim order, skipping rows
 -- another worker is claiming right now.
@@ -319,12 +325,7 @@ pool AS (
     {slot_joins}
     CROSS JOIN LATERAL (
         SELECT id, kind, priority, rank, run_at
-        FROM {table}
-        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-          AND rank = slots.rank AND run_at <= now()
-          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
-               OR (starts_with(kind, %(kind_prefix)s::text)
-                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))
+        {due_in_slot}
           {dedup_gate}
         ORDER BY run_at, id
         LIMIT %(limit)s
@@ -393,6 +394,8 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
         "paused": _PAUSED.format(**tables),
         "rates": RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
+        "due_in_slot": _DUE_IN_SLOT.format(**tables),
+        "eligible_unpaused": _ELIGIBLE_UNPAUSED.format(),
         "fair": FAIR_CTES.format(**tables, **rows) if fair else UNFAIR_POOL,
         "claim_tail": _CLAIM_TAIL.format(
             **tables, fair_turn="chosen.fair_turn" if fair else "NULL::bigint"
