@@ -25,12 +25,15 @@ from django_venturi.models import Job, JournalEntry
 from tests import clusters
 from tests.cluster_workers import DATABASE, WorkerPool, cluster_database, environment
 from tests.conftest import wait_until
-from tests.testapp.soak_tasks import Once
+from tests.testapp.soak_tasks import Gated, Once
 
 ALIAS = "read_only"
 JOBS = 1500
 READ_ONLY_AT = 300
-"""Completed jobs when writes start being refused."""
+"""Completed jobs before the test looks for the end of the drain."""
+HELD = 3
+"""Jobs running, held by a gate, when writes start being refused (each worker has 4
+slots, so all three run whichever worker claims them)."""
 WINDOW = 3.0
 """Seconds writes are refused."""
 AFTER_WINDOW = 30.0
@@ -50,9 +53,15 @@ def states() -> dict[str, int]:
 def test_verdicts_refused_in_a_read_only_window_are_written_once_it_ends(
     cluster: clusters.Cluster, tmp_path: Path
 ) -> None:
-    path = tmp_path / "runs.log"
+    path, gate = tmp_path / "runs.log", tmp_path / "gate"
     jobs = venturi.enqueue_many([Once(path=str(path))] * JOBS, using=ALIAS)
-    ids = {job.pk for job in jobs}
+    # Enqueued last, so they run once the drain is done, and held until the window is on:
+    # their verdicts are certainly refused (the drain alone can end before the reload
+    # reaches every session).
+    held = venturi.enqueue_many(
+        [Gated(path=str(path), gate=str(gate)) for _ in range(HELD)], using=ALIAS
+    )
+    ids = {job.pk for job in [*jobs, *held]}
     pool = WorkerPool(tmp_path, environment(cluster.url(DATABASE)), "--concurrency", "4")
     pool.start(3)
     try:
@@ -61,29 +70,34 @@ def test_verdicts_refused_in_a_read_only_window_are_written_once_it_ends(
             timeout=60,
             message=f"{READ_ONLY_AT} jobs completed",
         )
+        wait_until(
+            lambda: path.exists() and len(path.read_text().splitlines()) == JOBS + HELD,
+            timeout=60,
+            message="the drain done and the held jobs running",
+        )
         cluster.set_read_only(True)
         try:
+            # The fence: a transaction begun before the reload may still commit; none
+            # begun after it can.
+            cluster.wait_transactions_end(cluster.clock())
+            connections[ALIAS].close()
+            completed_in_window = states().get(venturi.State.COMPLETED, 0)
+            gate.touch()
             # The scenario: workers hold runs whose verdicts the server refuses.
             wait_until(
                 lambda: "read-only transaction" in pool.logs(),
                 timeout=WINDOW * 3,
                 message="a worker's write refused as read-only",
             )
-            # The fence: every session has the setting by now (the refusing one got it in
-            # the same round of signals), but a write begun before may still commit.
-            cluster.wait_transactions_end(cluster.clock())
-            connections[ALIAS].close()
-            completed_in_window = states().get(venturi.State.COMPLETED, 0)
             time.sleep(WINDOW)  # the fault's length, not a wait for the workers
         finally:
             cluster.set_read_only(False)
+        assert completed_in_window <= JOBS, "a held job completed before its gate opened"
         assert states().get(venturi.State.COMPLETED, 0) == completed_in_window, (
             "a verdict was written while the server refused writes"
         )
-        ran_in_window = len(path.read_text().splitlines())
-        assert ran_in_window > completed_in_window, "no run finished inside the window"
         wait_until(
-            lambda: states().get(venturi.State.COMPLETED, 0) == JOBS,
+            lambda: states().get(venturi.State.COMPLETED, 0) == JOBS + HELD,
             timeout=AFTER_WINDOW,
             message=f"every job completed: {states()}",
         )
@@ -95,6 +109,6 @@ def test_verdicts_refused_in_a_read_only_window_are_written_once_it_ends(
     outcomes = collections.Counter(
         JournalEntry.objects.using(ALIAS).filter(job_id__in=ids).values_list("outcome", flat=True)
     )
-    assert outcomes == {venturi.JournalOutcome.COMPLETED: JOBS}, outcomes
+    assert outcomes == {venturi.JournalOutcome.COMPLETED: JOBS + HELD}, outcomes
     runs = collections.Counter(line.split()[0] for line in path.read_text().splitlines())
-    assert len(runs) == JOBS and set(runs.values()) == {1}, "a job ran twice or never"
+    assert len(runs) == JOBS + HELD and set(runs.values()) == {1}, "a job ran twice or never"
