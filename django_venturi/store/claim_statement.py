@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from django.db import connections
 
@@ -67,7 +67,7 @@ _DUE_IN_SLOT = """FROM {table}
 
 # The claimable kinds of a claim that counts nothing: those not paused.
 _ELIGIBLE_UNPAUSED = """eligible(kinds) AS (
-    SELECT coalesce(array_agg(kind), '{{}}') FROM unnest(%(kinds)s::text[]) AS known(kind)
+    SELECT coalesce(array_agg(kind), '{}') FROM unnest(%(kinds)s::text[]) AS known(kind)
     WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
 )"""
 
@@ -350,7 +350,10 @@ chosen AS (
 {claim_tail}"""
 
 
-_SHAPES = {
+# Lean or full (counting caps and rate limits), each with fair kinds' turns or not.
+Shape = Literal["lean", "fair", "full", "full_fair"]
+
+_SHAPES: dict[Shape, str] = {
     "lean": _CLAIM_UNLIMITED_SQL,
     "fair": FAIR_CLAIM_SQL,
     "full": _CLAIM_SQL,
@@ -367,7 +370,7 @@ def _tables(alias: str) -> dict[str, str]:
     }
 
 
-def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[str, str]:
+def fragments(alias: str, listed_queues: bool, *, shape: Shape = "lean") -> dict[str, str]:
     """The statement's shared parts, with the table names filled in, for a claim of
     `shape` (`_SHAPES`): the full claim's rows have rate and cap keys and pass their
     gates; the fair kinds' turns are taken in the fair claims, whose chosen jobs
@@ -382,7 +385,7 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
             "row_keys": ROW_KEYS.format(**tables),
             "row_gates": ROW_GATES.format(**tables, dedup_gate=dedup_gate),
         }
-        if shape.startswith("full")
+        if shape in ("full", "full_fair")
         else {"row_keys": NO_ROW_KEYS, "row_gates": dedup_gate}
     )
     fair = shape in ("fair", "full_fair")
@@ -395,7 +398,7 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
         "rates": RATES.format(**tables),
         "slots": _SLOTS.format(**tables),
         "due_in_slot": _DUE_IN_SLOT.format(**tables),
-        "eligible_unpaused": _ELIGIBLE_UNPAUSED.format(),
+        "eligible_unpaused": _ELIGIBLE_UNPAUSED,
         "fair": FAIR_CTES.format(**tables, **rows) if fair else UNFAIR_POOL,
         "claim_tail": _CLAIM_TAIL.format(
             **tables, fair_turn="chosen.fair_turn" if fair else "NULL::bigint"
@@ -409,13 +412,13 @@ def fragments(alias: str, listed_queues: bool, *, shape: str = "lean") -> dict[s
 
 
 @functools.cache
-def _claim_sql(alias: str, listed_queues: bool, shape: str) -> str:
+def _claim_sql(alias: str, listed_queues: bool, shape: Shape) -> str:
     """The claim statement: for given queues or all, of a shape of `_SHAPES` (made
     once per shape: it is long to format)."""
     return _compact(_SHAPES[shape].format(**fragments(alias, listed_queues, shape=shape)))
 
 
-def claim_shape(request: ClaimRequest) -> str:
+def claim_shape(request: ClaimRequest) -> Shape:
     """The statement a claim needs: the full one if a kind it may take is capped or
     rate-limited (with the fair kinds' turns if one takes turns by key), else the
     fair one if one does, else the lean one."""
@@ -462,7 +465,7 @@ def postgresql_statement(
 ) -> tuple[str, dict[str, Any]]:
     """The claim statement and its parameters (for the claim, and for EXPLAIN)."""
     sql = _claim_sql(alias, request.queues is not None, claim_shape(request))
-    limited_kinds = {limit.kind for limit in request.limits} | {rule.kind for rule in request.rates}
+    limited_kinds = request.limited_kinds()
     params = {
         "queues": list(request.queues or []),
         "tiers": list(TIERS),

@@ -199,6 +199,10 @@ class ClaimRequest:
         """Whether the claim must hold the caps lock: it counts running jobs or starts."""
         return bool(self.serialised_kinds())
 
+    def limited_kinds(self) -> set[str]:
+        """The kinds it may take that are capped or rate-limited."""
+        return {limit.kind for limit in self.limits} | {rule.kind for rule in self.rates}
+
     def serialised_kinds(self) -> list[str]:
         """The kinds whose claim must hold the caps lock: globally capped (a kind or each
         of its keys) and rate-limited ones."""
