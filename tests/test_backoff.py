@@ -13,7 +13,7 @@ from django_venturi.store.backoff import (
 )
 
 
-def test_fibonacci_numbers() -> None:
+def test_fibonacci_gives_the_numbers_the_backoff_grows_by() -> None:
     assert [fibonacci(n) for n in range(1, 11)] == [1, 1, 2, 3, 5, 8, 13, 21, 34, 55]
 
 

@@ -17,7 +17,7 @@ def check_ids(venturi: object) -> list[str]:
         return [message.id or "" for message in check_settings()]
 
 
-def test_the_defaults_pass() -> None:
+def test_the_default_settings_pass_every_system_check() -> None:
     assert check_ids({}) == []
 
 

@@ -114,7 +114,7 @@ def test_keys_are_per_kind_and_distinct_keys_stay_apart(alias: str) -> None:
     ]
 
 
-def test_keep(alias: str) -> None:
+def test_a_keep_decision_leaves_the_first_payload_in_place(alias: str) -> None:
     first = Decides(name="k", value=1).enqueue(using=alias)
     job = Decides(name="k", decision="keep", value=5).enqueue(using=alias)
     assert job.pk == first.pk and job.payload["value"] == 1

@@ -241,7 +241,7 @@ def test_a_cap_per_account_holds_while_a_worker_drains(workers: Workers) -> None
         assert max(running) <= 2, account
 
 
-def test_queues_priorities_delays(workers: Workers) -> None:
+def test_the_scheduling_example_runs_urgent_reports_and_leaves_the_rest(workers: Workers) -> None:
     urgent, *later = scheduling.schedule_reports([1, 2, 3])
     assert urgent.priority == venturi.Priority.HIGH and urgent.queue == "reports"
     assert {job.priority for job in later} == {venturi.Priority.LOW}

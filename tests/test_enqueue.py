@@ -175,7 +175,7 @@ def test_priority_and_queue_default_to_the_task_and_can_be_overridden(alias: str
     assert (job.priority, job.queue) == (venturi.Priority.HIGH, "emails")
 
 
-def test_aenqueue(alias: str) -> None:
+def test_aenqueue_writes_the_job_from_async_code(alias: str) -> None:
     job = asyncio.run(Noop(n=9).aenqueue(using=alias))
     asyncio.run(sync_to_async(connections.close_all)())  # the executor thread's connection
     assert Job.objects.using(alias).get(pk=job.pk).payload == {"n": 9}

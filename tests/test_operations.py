@@ -82,7 +82,7 @@ def test_stats_counts_live_jobs_latency_and_the_last_hour(alias: str) -> None:
     assert json.loads(json.dumps(data))["ready"] == 4
 
 
-def test_venturi_stats_command(alias: str) -> None:
+def test_venturi_stats_prints_the_counts_as_text_and_as_json(alias: str) -> None:
     tasks.Noop(n=1).enqueue(using=alias)
     out = io.StringIO()
     call_command("venturi_stats", "--database", alias, stdout=out)
@@ -112,7 +112,7 @@ def test_cleanup_deletes_old_finished_jobs_only(alias: str) -> None:
         cleanup(older_than=timedelta(0), states=["ready"], using=alias)
 
 
-def test_venturi_cleanup_command(alias: str) -> None:
+def test_venturi_cleanup_reports_a_dry_run_then_deletes_the_old_jobs(alias: str) -> None:
     tasks.Noop(n=1).enqueue(using=alias)
     run_burst(alias)
     Job.objects.using(alias).update(finished_at=timezone.now() - timedelta(days=8))

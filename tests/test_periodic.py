@@ -172,13 +172,16 @@ def test_a_frequent_schedule_costs_a_few_cronsim_steps(
     assert len(steps) <= 12, steps
 
 
-def test_rare_schedules() -> None:
+def test_a_leap_day_schedule_skips_the_years_without_29_february() -> None:
     leap_day = Schedule("tests.noop", "0 0 29 2 *", "Europe/Paris", {}, "test")
     # 2100 is no leap year: after 29 February 2096 comes 29 February 2104.
     tick = leap_day.latest_tick(utc(2103, 12, 31))
     assert tick is not None and tick.isoformat() == "2096-02-29T00:00:00+01:00"
     tick = leap_day.next_tick(utc(2096, 3, 1))
     assert tick is not None and tick.isoformat() == "2104-02-29T00:00:00+01:00"
+
+
+def test_a_yearly_tick_in_the_repeated_autumn_hour_is_that_days_in_its_second_pass() -> None:
     # Once a year, at a time of the repeated hour: in its second pass, the latest tick is
     # that day's, not last year's.
     yearly = Schedule("tests.noop", "30 2 25 10 *", "Europe/Paris", {}, "test")
@@ -296,7 +299,7 @@ def declared() -> Iterator[None]:
     registry.unregister("tests.periodic_report")
 
 
-def test_the_decorator(declared: None) -> None:
+def test_the_periodic_decorator_registers_a_schedule_with_its_payload(declared: None) -> None:
     @venturi.periodic("0 9 * * 1-5", timezone="Europe/Paris", payload={"scope": "weekly"})
     @venturi.task(kind="tests.periodic_report")
     @dataclasses.dataclass

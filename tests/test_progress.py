@@ -60,7 +60,7 @@ def test_progress_in_the_admin_list_and_page(db: None) -> None:
     assert "4 / 10 (40%) resizing" in page.content.decode()
 
 
-def test_progress_text() -> None:
+def test_progress_text_shows_done_total_share_and_note() -> None:
     assert progress_text(None) == "-"
     assert progress_text({"done": 3, "total": None, "note": ""}) == "3"
     assert progress_text({"done": 1, "total": 4, "note": "rows"}) == "1 / 4 (25%) rows"

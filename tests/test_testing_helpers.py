@@ -69,7 +69,7 @@ def test_drain_stops_at_its_limit_and_says_so_in_words(db: None) -> None:
         drain(limit=1)
 
 
-def test_drain_by_kind(db: None) -> None:
+def test_drain_runs_only_the_kinds_it_is_given(db: None) -> None:
     Noop().enqueue()
     Permanent().enqueue()
     assert [r.kind for r in drain([Noop])] == ["tests.noop"]
@@ -91,7 +91,7 @@ def test_enqueued_and_assert_enqueued(db: None) -> None:
         enqueued(Noop, m=1)
 
 
-def test_the_fixture(venturi_queue: VenturiQueue) -> None:  # noqa: F811
+def test_the_venturi_queue_fixture_sees_enqueued_jobs_and_drains_them(venturi_queue: VenturiQueue) -> None:  # noqa: F811
     Noop(n=5).enqueue()
     venturi_queue.assert_enqueued(Noop, n=5)
     assert [r.outcome for r in venturi_queue.drain()] == ["completed"]
