@@ -25,6 +25,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from tests import clusters
+from tests.skips import in_ci
 from tests.testapp import soak_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def require_private_clusters() -> None:
     """Outside CI, a machine without root or postgresql-common skips; in CI it fails."""
     reason = clusters.available()
     if reason is not None:
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail(reason)
         pytest.skip(reason)
 

@@ -37,6 +37,32 @@ def pytest_configure(config: pytest.Config) -> None:
         raise NoPostgreSQL(f"cannot connect to {url}: {first_line(error)}") from None
 
 
+SKIPPED: list[tuple[str, str]] = []
+"""(test id, reason) of each skip in this run."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        from tests.skips import reason_of
+
+        SKIPPED.append((report.nodeid, reason_of(report.longrepr)))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In CI, a skip that tests/skips.py does not allow fails the run (exit status 1)."""
+    from tests.skips import in_ci, unexpected
+
+    surprises = unexpected(SKIPPED)
+    if not surprises or not in_ci():
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "skips that tests/skips.py does not allow (CI fails on them)")
+        for test, reason in surprises:
+            reporter.write_line(f"{test}: {reason}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(params=BOTH_DATABASES, ids=["postgresql", "sqlite"])
 def alias(request: pytest.FixtureRequest) -> str:
     """Run the test once against PostgreSQL and once against SQLite."""

@@ -28,6 +28,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.database import postgres_url
+from tests.skips import in_ci
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -82,10 +83,6 @@ def manage(*args: str) -> None:
         [*MANAGE, *args], env=example_env(), cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, f"manage.py {' '.join(args)} failed:\n{result.stderr}"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
 @pytest.fixture(scope="module")

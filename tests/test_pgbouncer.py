@@ -48,6 +48,7 @@ from django_venturi.store.connections import connection_params
 from django_venturi.store.scheduling import TierClock
 from django_venturi.worker import sweeper
 from tests.conftest import Workers, wait_until
+from tests.skips import in_ci
 from tests.testapp.control_tasks import Cancellable
 from tests.testapp.dedup_tasks import PausingRecompute, Recompute
 from tests.testapp.models import Record
@@ -129,7 +130,7 @@ def start_pgbouncer(server: dict[str, Any]) -> PgBouncer:
     executable = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not os.path.exists(executable):
         reason = "pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)"
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail(reason)  # CI must run these tests
         pytest.skip(reason)
     directory = Path(tempfile.mkdtemp(prefix="venturi-pgbouncer-"))

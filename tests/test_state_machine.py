@@ -528,7 +528,9 @@ class LifecycleOnSQLite(Lifecycle):
     ("machine", "database"), [(Lifecycle, "postgresql"), (LifecycleOnSQLite, "sqlite")]
 )
 @pytest.mark.timeout(3600 if LONG else 300)  # a failure's shrinking takes a while
-def test_random_operations_keep_the_job_lifecycle_invariants(machine: type[Lifecycle], database: str) -> None:
+def test_random_operations_keep_the_job_lifecycle_invariants(
+    machine: type[Lifecycle], database: str
+) -> None:
     assert connections[machine.alias].vendor == database
     run_state_machine_as_test(
         machine,

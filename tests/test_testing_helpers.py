@@ -91,7 +91,9 @@ def test_enqueued_and_assert_enqueued(db: None) -> None:
         enqueued(Noop, m=1)
 
 
-def test_the_venturi_queue_fixture_sees_enqueued_jobs_and_drains_them(venturi_queue: VenturiQueue) -> None:  # noqa: F811
+def test_the_venturi_queue_fixture_sees_enqueued_jobs_and_drains_them(
+    venturi_queue: VenturiQueue,  # noqa: F811
+) -> None:
     Noop(n=5).enqueue()
     venturi_queue.assert_enqueued(Noop, n=5)
     assert [r.outcome for r in venturi_queue.drain()] == ["completed"]

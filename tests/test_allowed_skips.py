@@ -1,0 +1,64 @@
+"""CI fails on a skip that tests/skips.py does not allow; a developer's run does not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import skips
+from tests.conftest import ROOT
+
+
+def run_probe(ci: str | None) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if key != "CI"}
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/skip_probe.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_in_ci_an_unexpected_skip_fails_the_run_and_names_the_test() -> None:
+    result = run_probe("true")
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    assert "skips that tests/skips.py does not allow" in result.stdout
+    assert (
+        "tests/skip_probe.py::test_that_skips_for_a_reason_no_allowed_skip_names: "
+        "a reason tests/skips.py does not name"
+    ) in result.stdout
+    assert "1 passed, 1 skipped" in result.stdout
+
+
+def test_outside_ci_the_same_skip_only_shows_in_the_summary() -> None:
+    result = run_probe("false")
+    assert result.returncode == pytest.ExitCode.OK, result.stdout + result.stderr
+    assert "does not allow" not in result.stdout
+    assert "SKIPPED [1] tests/skip_probe.py" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "meaning"),
+    [("true", True), ("1", True), ("yes", True), ("", False), ("0", False), ("False", False)],
+)
+def test_ci_is_read_one_way_everywhere(
+    monkeypatch: pytest.MonkeyPatch, value: str, meaning: bool
+) -> None:
+    monkeypatch.setenv("CI", value)
+    assert skips.in_ci() is meaning
+
+
+def test_an_allowed_skip_holds_only_where_its_condition_does() -> None:
+    reason = "django.tasks is not installed"
+    expected_here = [] if skips.without_django_tasks() else [("t", reason)]
+    assert skips.unexpected([("t", reason)]) == expected_here
+    assert skips.unexpected([("t", "django.tasks is not installed, or so")]) == [
+        ("t", "django.tasks is not installed, or so")
+    ]
