@@ -166,14 +166,17 @@ def browser(chromium: Path) -> Iterator[Browser]:
         browser.close()
 
 
-def logged_in_page(browser: Browser, site: str, width: int, height: int) -> Page:
+def logged_in_page(
+    browser: Browser, site: str, width: int, height: int, username: str = "admin"
+) -> Page:
+    """A new page, logged in through the login form (every user here has `PASSWORD`)."""
     from playwright.sync_api import expect
 
     page = browser.new_page(viewport={"width": width, "height": height})
     page.set_default_timeout(20_000)
     page.goto(f"{site}/admin/django_venturi/job/")
     expect(page).to_have_url(re.compile(r"/admin/login/"))  # anonymous: sent to log in
-    page.fill("#id_username", "admin")
+    page.fill("#id_username", username)
     page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
     expect(page.locator("#result_list")).to_be_visible()
