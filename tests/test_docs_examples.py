@@ -567,6 +567,12 @@ def test_admin_groups_give_each_page_and_action_its_permission() -> None:
         assert (f'value="{action}"' in listing[support]) == (action == "retry_now")
     assert cleanup in listing[ops] and cleanup not in listing[support]
     assert (ops.get(cleanup).status_code, support.get(cleanup).status_code) == (200, 403)
+    pause = reverse("admin:django_venturi_job_pause")
+    stats = {
+        client: client.get(reverse("admin:django_venturi_job_stats")) for client in (ops, support)
+    }
+    assert f'action="{pause}"' in stats[ops].content.decode()
+    assert f'action="{pause}"' not in stats[support].content.decode()
 
     def act(client: Client, action: str, job: Job) -> None:
         data = {"action": action, "_selected_action": [job.pk], "post": "yes"}

@@ -16,6 +16,7 @@ OPS = [
     "cancel_job",  # the "Cancel" action
     "delete_job",  # the "Delete selected" action (jobs go with their journal)
     "cleanup_jobs",  # the "Clean up finished jobs" page
+    "pause_queues",  # Pause and Resume on the stats page (queues and kinds)
 ]
 SUPPORT = [*SEE, "retry_job"]
 
