@@ -69,12 +69,51 @@ def alias(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+DJANGO_FACING = frozenset(
+    f"test_{name}.py"
+    for name in [
+        "admin",
+        "browser",
+        "browser_permissions",
+        "checks",
+        "codec",
+        "codec_fast",
+        "demo",
+        "django_tasks",
+        "docs_examples",
+        "docs_testing_example",
+        "enqueue",
+        "example_project",
+        "first_contact",
+        "migrations",
+        "newcomer_messages",
+        "operations",
+        "payload_limit",
+        "periodic",
+        "readme",
+        "registration",
+        "secret_masking",
+        "settings_and_flags",
+        "sqlite_setup",
+        "testing_helpers",
+        "text",
+    ]
+)
+"""The test modules of what changes with Django's or Python's version: the admin and its
+templates, system checks, migrations, management commands, app loading, the Tasks
+frameworks, `startproject`'s settings (README, demo), and the payload codecs (dataclass
+and typing introspection). They carry the `django_facing` mark: CI runs the whole suite on
+two Django and Python pairs and these modules on a third (`-m django_facing`)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests with real worker processes run on PostgreSQL in the default suite; their SQLite
     twins are `thorough` (CI runs them: `python3 -m pytest -m thorough`). Worker processes
     cost seconds each, and the SQLite paths they take are the ones the in-process tests
-    cover on both databases."""
+    cover on both databases. Modules in DJANGO_FACING are marked `django_facing`."""
     for item in items:
+        if item.path.name in DJANGO_FACING:
+            item.add_marker(pytest.mark.django_facing)
         callspec = getattr(item, "callspec", None)
         uses_workers = "workers" in getattr(item, "fixturenames", ())
         if uses_workers and callspec is not None and callspec.params.get("alias") == "sqlite":

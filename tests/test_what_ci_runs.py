@@ -1,15 +1,17 @@
-"""CI fails on a skip that tests/skips.py does not allow; a developer's run does not."""
+"""What CI runs: it fails on a skip that tests/skips.py does not allow (a developer's run
+does not), and its third Django and Python pair runs the modules DJANGO_FACING names."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests import skips
-from tests.conftest import ROOT
+from tests.conftest import DJANGO_FACING, ROOT
 
 
 def run_probe(ci: str | None) -> subprocess.CompletedProcess[str]:
@@ -62,3 +64,31 @@ def test_an_allowed_skip_holds_only_where_its_condition_does() -> None:
     assert skips.unexpected([("t", "django.tasks is not installed, or so")]) == [
         ("t", "django.tasks is not installed, or so")
     ]
+
+
+def test_every_module_django_facing_names_exists() -> None:
+    missing = sorted(name for name in DJANGO_FACING if not (ROOT / "tests" / name).is_file())
+    assert missing == []
+
+
+def claimed_versions() -> tuple[set[str], set[str]]:
+    """The Python and Django versions pyproject.toml's classifiers claim."""
+    text = (ROOT / "pyproject.toml").read_text()
+    pythons = set(re.findall(r'"Programming Language :: Python :: (3\.\d+)"', text))
+    djangos = set(re.findall(r'"Framework :: Django :: (\d+\.\d+)"', text))
+    return pythons, djangos
+
+
+def test_ci_runs_every_python_and_django_version_pyproject_claims() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    envs = re.findall(r"tox -e py3(\d+)-django(\d)(\d)\b", script)
+    # The README's command runs on python3: Python 3.11, where Django 5.2 is the newest.
+    pythons = {"3.11"} | {f"3.{minor}" for minor, _, _ in envs}
+    djangos = {"5.2"} | {f"{major}.{minor}" for _, major, minor in envs}
+    assert 'python3 -m pip install -e ".[test]" && python3 -m pytest' in script
+    assert (pythons, djangos) == claimed_versions()
+    assert all(
+        "--skip-missing-interpreters false" in line
+        for line in script.splitlines()
+        if re.search(r"tox -e py3", line)
+    )
