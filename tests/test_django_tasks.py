@@ -637,17 +637,20 @@ def test_check_reports_a_misconfigured_tasks_entry() -> None:
 # ---------------------------------------------------------------- operations
 
 
-def test_tasks_jobs_show_in_history_and_stats_and_cancel_maps_to_failed(
-    tasks: ModuleType, workers: Workers
-) -> None:
-    framework = framework_of(tasks)
+def test_tasks_jobs_show_in_venturis_history_and_stats(tasks: ModuleType, workers: Workers) -> None:
     done = tasks.add.enqueue(1, 1)
     workers.burst("default")
     kind = f"tasks:{tasks.__name__}.add"
     assert [entry.job_id for entry in venturi.history(kind=kind)] == [int(done.id)]
-    waiting = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(2, 2)
+    tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(2, 2)
     assert venturi.stats().live[("ready", kind, "default")] == 1
 
+
+def test_a_cancelled_tasks_job_reads_back_as_failed_with_task_cancelled(
+    tasks: ModuleType,
+) -> None:
+    framework = framework_of(tasks)
+    waiting = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(2, 2)
     assert venturi.cancel(int(waiting.id)).cancelled == 1
     waiting.refresh()
     assert waiting.status == framework.status.FAILED and waiting.finished_at is not None
