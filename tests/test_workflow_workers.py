@@ -16,7 +16,7 @@ from django_venturi.models import Dependency, Job
 from django_venturi.store.dependencies import DEPENDENCY_FAILED
 from tests.conftest import Workers, wait_until
 from tests.testapp.models import Record
-from tests.testapp.workflow_tasks import RetriedStep, Step
+from tests.testapp.workflow_tasks import LeasedStep, RetriedStep, Step
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 
@@ -117,19 +117,21 @@ def test_dependents_are_cancelled_naming_the_dependency_only_when_its_last_retry
 
 # ------------------------------------------- killed between a verdict and its resolution
 
-# `resolve`'s first statement (`dependencies._COUNT_COMPLETIONS_SQL`).
+# `resolve`'s first statement (`dependencies._COUNT_COMPLETIONS_SQL`), and the verdicts'
+# (`completion._FINISH_SQL`).
 RESOLVE_STATEMENT = "%WITH finished AS%"
+VERDICT_STATEMENT = "%WITH verdict AS%"
 
 
-def _resolving_backends(*, waiting: bool) -> int:
-    """Sessions running `resolve`'s first statement (only those waiting for a lock)."""
+def _resolving_backends(*, waiting: bool, statement: str = RESOLVE_STATEMENT) -> int:
+    """Sessions running `statement` (only those waiting for a lock)."""
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")  # fresh inside a transaction
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid() AND state = 'active' AND query LIKE %s "
             "AND (NOT %s OR wait_event_type = 'Lock')",
-            [RESOLVE_STATEMENT, waiting],
+            [statement, waiting],
         )
         (count,) = cursor.fetchone()
     return int(count)
@@ -202,3 +204,79 @@ def test_a_worker_killed_after_its_verdict_and_before_the_resolution_leaves_it_t
         assert attempts(alias, after) == [1] and journal(alias, after) == [("completed", "")]
         assert Record.objects.get(job_id=after.id).value["seen"] == ["dependency"]
     assert "resolved the dependents of 1 finished job(s)" in workers.log(1)
+
+
+@pytest.mark.parametrize("give_up", [False, True], ids=["completed", "failed"])
+def test_a_worker_killed_while_its_verdict_resolves_in_one_transaction_loses_nothing(
+    give_up: bool, workers: Workers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dependents known at the claim resolve with the verdict: a completion in its one
+    statement, a failure in its transaction. Killed while that waits for the edges, the
+    worker leaves the completion whole (the statement commits when the lock is released:
+    autocommit needs no client) and the failure unwritten (its transaction rolls back,
+    and the job runs again once its lease runs out); either way the dependents resolve
+    once, after the dependency's one verdict."""
+    alias = "default"
+    gate = tmp_path / "gate"
+    dependency = LeasedStep("dependency", gate=str(gate), held=1, give_up=give_up).enqueue()
+    if give_up:
+        doomed = Step("doomed").enqueue(after=[dependency])
+        anyway = Step("anyway").enqueue(after=[dependency], after_failure="run")
+        dependents = [doomed, anyway]
+    else:
+        dependents = [Step("after").enqueue(after=[dependency])]
+    monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps({"RESCUE_INTERVAL": 3600}))
+    killed = workers.start(alias)
+    wait_until(lambda: attempts(alias, dependency) == [1], timeout=60, message="the handler")
+
+    with transaction.atomic(using=alias):
+        edges = Dependency.objects.select_for_update().filter(dependency_id=dependency.id)
+        assert len(edges) == len(dependents)
+        gate.touch()
+        waits = RESOLVE_STATEMENT if give_up else VERDICT_STATEMENT
+        wait_until(
+            lambda: _resolving_backends(waiting=True, statement=waits),
+            timeout=60,
+            message="the verdict's resolution to wait for the edges",
+        )
+        assert state(alias, dependency) == "running"  # nothing of the verdict committed
+        os.kill(killed.pid, signal.SIGKILL)
+        assert killed.wait(timeout=30) == -signal.SIGKILL
+    wait_until(lambda: not _resolving_backends(waiting=False, statement=waits), message="its end")
+    resolved = Dependency.objects.filter(dependency_id=dependency.id, resolved=True).count()
+    if give_up:  # rolled back
+        assert (state(alias, dependency), journal(alias, dependency), resolved) == (
+            "running",
+            [],
+            0,
+        )
+    else:  # committed whole, verdict and resolution
+        assert (state(alias, dependency), journal(alias, dependency), resolved) == (
+            "completed",
+            [("completed", "")],
+            1,
+        )
+        assert state(alias, dependents[0]) == "ready"
+
+    monkeypatch.delenv("VENTURI_TEST_SETTINGS")
+    workers.start(alias)
+    wait_until(
+        lambda: all(state(alias, job) in ("completed", "cancelled") for job in dependents),
+        timeout=60,
+        message="the next worker to finish the dependency and its dependents",
+    )
+    assert not Dependency.objects.filter(resolved=False).exists()
+    if give_up:
+        assert attempts(alias, dependency) == [1, 2]  # run again: its first verdict was lost
+        assert [outcome for outcome, _ in journal(alias, dependency)] == [
+            "lease_expired",
+            "failed",
+        ]
+        assert_cancelled_after(alias, doomed, dependency, "failed")
+        assert attempts(alias, anyway) == [1] and journal(alias, anyway) == [("completed", "")]
+    else:
+        (after,) = dependents
+        assert attempts(alias, dependency) == [1]
+        assert journal(alias, dependency) == [("completed", "")]
+        assert attempts(alias, after) == [1] and journal(alias, after) == [("completed", "")]
+        assert Record.objects.get(job_id=after.id).value["seen"] == ["dependency"]

@@ -62,6 +62,14 @@ class RetriedStep(venturi.Task):
         return venturi.Outcome.completed(result=self.name)
 
 
+@venturi.task(
+    kind="tests.workflow.leased_step", max_attempts=3, backoff=NO_WAIT, lease=timedelta(seconds=2)
+)
+@dataclasses.dataclass
+class LeasedStep(RetriedStep):
+    """`RetriedStep` with a short lease: a run its killed worker left is recovered soon."""
+
+
 @venturi.task(kind="tests.workflow.summary")
 @dataclasses.dataclass
 class Summary(venturi.Task):
