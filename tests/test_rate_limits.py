@@ -14,7 +14,7 @@ from django.db import connections
 from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi.models import Job, RateStart
+from django_venturi.models import Job, JournalEntry, RateStart
 from django_venturi.registry import RegistrationError, registry
 from django_venturi.store import completion, rate_starts, verdicts
 from django_venturi.store.claim import (
@@ -290,6 +290,41 @@ def test_workers_keep_a_limit_per_key(workers: Workers) -> None:
     assert everyone[8] - everyone[0] < 1.0
 
 
+def test_workers_on_either_database_keep_the_limit_by_the_journals_start_times(
+    alias: str, workers: Workers
+) -> None:
+    """Two workers, 25 jobs limited to 5 per 0.4 s: the journal, the database's own record
+    of each run's start, never holds 6 starts within 0.4 s. (The SQLite twin is the one
+    that counts: its claim keeps the ledger through the ORM, not in one statement.)"""
+    venturi.enqueue_many([Rated(n=i) for i in range(25)], using=alias)
+    for _ in range(2):
+        workers.start(alias, "--concurrency", "4")
+    done = Job.objects.using(alias).filter(kind="tests.rated", state=venturi.State.COMPLETED)
+    wait_until(lambda: done.count() == 25, timeout=60, message="25 rated jobs to complete")
+
+    journal = JournalEntry.objects.using(alias).filter(job__kind="tests.rated")
+    # A run whose handler would have started too late to move its start is handed back
+    # (`released`), its handler never started; every other run started and completed.
+    assert set(journal.values_list("outcome", flat=True)) <= {"completed", "released"}
+    runs = journal.filter(outcome="completed")
+    assert sorted(runs.values_list("job_id", flat=True)) == sorted(
+        done.values_list("id", flat=True)
+    )
+    starts = sorted(started.timestamp() for started in runs.values_list("started_at", flat=True))
+    per = RATED.per.total_seconds()
+    assert_at_most_per_window(starts, RATED.limit, per)
+    # Five windows at least: the limit, not the workers' speed, spread the starts.
+    assert starts[-1] - starts[0] >= 4 * per
+    assert Record.objects.using(alias).filter(kind="rated").count() == 25
+    # A run's start is dated from its claim's database time, not from when the claim
+    # returned: never before the start its handler recorded in the ledger.
+    started = dict(runs.values_list("job_id", "started_at"))
+    ledger = dict(RateStart.objects.using(alias).order_by("id").values_list("job_id", "started_at"))
+    assert ledger  # the last window's starts are still counted
+    early = {job: started[job] for job, moved in ledger.items() if started[job] < moved}
+    assert not early, f"runs dated before their recorded start: {early}, ledger {ledger}"
+
+
 @pytest.mark.thorough
 def test_eight_workers_start_a_thousand_jobs_at_fifty_a_second(
     workers: Workers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -319,7 +354,7 @@ def test_a_handler_moves_its_recorded_start_to_when_it_starts(alias: str) -> Non
     [job] = take(alias, request("tests.rated"))
     recorded = RateStart.objects.using(alias).get(job_id=job.id).started_at
     time.sleep(0.05)
-    rate_starts.confirm(alias, job)
+    assert rate_starts.confirm(alias, job, RATED)
     moved = RateStart.objects.using(alias).get(job_id=job.id).started_at
     assert moved - recorded >= timedelta(milliseconds=50)
 

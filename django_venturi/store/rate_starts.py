@@ -15,7 +15,9 @@ to the queue instead (`too_late`).
 
 from __future__ import annotations
 
-from django.db import connections
+import time
+
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_venturi.models import RateStart
@@ -33,15 +35,24 @@ def too_late(limit: RateLimit, job: ClaimedJob, now: float) -> bool:
     return now - job.claim_sent > limit.per.total_seconds() / 2
 
 
-def confirm(alias: str, job: ClaimedJob) -> None:
-    """Move the job's latest recorded start to now (its handler starts)."""
+def confirm(alias: str, job: ClaimedJob, limit: RateLimit) -> bool:
+    """Move the job's latest recorded start to now (its handler starts); False, moving
+    nothing, if the write came too late for that (`too_late`: its handler must not run)."""
     connection = connections[alias]
     if connection.vendor != "postgresql":
-        latest = RateStart.objects.using(alias).filter(job_id=job.id).order_by("-id")[:1]
-        RateStart.objects.using(alias).filter(
-            id__in=list(latest.values_list("id", flat=True))
-        ).update(started_at=timezone.now())
-        return
+        # SQLite: the time is read once the transaction holds the write lock
+        # (IMMEDIATE). A write that waited for the lock could otherwise date the start
+        # before the handler's, or land after claims counted the claim's record out of
+        # its window: the lock's wait counts towards `too_late`.
+        with transaction.atomic(using=alias):
+            if too_late(limit, job, time.monotonic()):
+                return False
+            latest = RateStart.objects.using(alias).filter(job_id=job.id).order_by("-id")[:1]
+            RateStart.objects.using(alias).filter(
+                id__in=list(latest.values_list("id", flat=True))
+            ).update(started_at=timezone.now())
+        return True
     ledger = connection.ops.quote_name(RateStart._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(_CONFIRM_SQL.format(ledger=ledger), [job.id])
+    return True

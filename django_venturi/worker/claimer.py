@@ -274,9 +274,10 @@ class Claimer:
                 if unavailable(error):  # applied or not: the answer is lost
                     self._unanswered_claims.append(token)
                 raise
-            claimed = time.monotonic()
             for job in jobs:
-                self.handlers.dispatch(self._make_execution(job, claimed))
+                # From the claim's database time, not from its return: a run's start
+                # is that time plus how long the job waited (`Execution.mark_started`).
+                self.handlers.dispatch(self._make_execution(job, job.claim_sent))
             return jobs
 
         jobs = self._guarded(claim_and_dispatch, "claiming jobs")

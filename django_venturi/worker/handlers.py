@@ -216,14 +216,16 @@ class Handlers:
         hand it back if it is too late for that (see `rate_starts.py`). False if it must
         not run."""
         job = execution.job
-        if rate_starts.too_late(limit, job, time.monotonic()):
+        late = rate_starts.too_late(limit, job, time.monotonic())
+        if not late:
+            try:
+                late = not rate_starts.confirm(self.results.alias, job, limit)
+            except db.Error as error:  # the run goes on: its claim's record still counts
+                logger.warning("job %d: could not record its start time: %s", job.id, error)
+        if late:
             if self.runs.end(execution):
                 self.release([execution], reason="started too late to keep its rate limit")
             return False
-        try:
-            rate_starts.confirm(self.results.alias, job)
-        except db.Error as error:  # the run goes on: its claim's record still counts
-            logger.warning("job %d: could not record its start time: %s", job.id, error)
         return True
 
     # ------------------------------------------------------------ verdicts

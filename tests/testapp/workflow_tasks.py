@@ -9,7 +9,7 @@ from pathlib import Path
 
 import django_venturi as venturi
 from tests.testapp.models import Record
-from tests.testapp.tasks import wait_for_file
+from tests.testapp.tasks import NO_WAIT, wait_for_file
 
 
 @venturi.task(kind="tests.workflow.step")
@@ -28,6 +28,46 @@ class Step(venturi.Task):
         if self.fail:
             return venturi.Outcome.failed(f"{self.name} fails on purpose")
         return venturi.Outcome.completed(result=self.name)
+
+
+@venturi.task(kind="tests.workflow.retried_step", max_attempts=3, backoff=NO_WAIT)
+@dataclasses.dataclass
+class RetriedStep(venturi.Task):
+    """A step of the real-process workflow tests: records each attempt as `Step` does,
+    raises on its first `failing` attempts (retried, three attempts at most), and may
+    hold one attempt until a file exists."""
+
+    name: str
+    failing: int = 0
+    """Attempts 1 to `failing` raise."""
+    gate: str = ""
+    """A file the attempt `held` waits for (a minute at most), after its record."""
+    held: int = 0
+    give_up: bool = False
+    """Fail for good (`Outcome.failed`) instead of completing."""
+
+    def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+        Record.objects.using(ctx.database).create(
+            job_id=ctx.job_id,
+            kind="step",
+            attempt=ctx.attempt,
+            value={"name": self.name, "seen": sorted(ctx.dependency_results().values(), key=str)},
+        )
+        if self.gate and ctx.attempt == self.held:
+            wait_for_file(self.gate)
+        if ctx.attempt <= self.failing:
+            raise RuntimeError(f"{self.name} fails attempt {ctx.attempt}")
+        if self.give_up:
+            return venturi.Outcome.failed(f"{self.name} fails on purpose")
+        return venturi.Outcome.completed(result=self.name)
+
+
+@venturi.task(
+    kind="tests.workflow.leased_step", max_attempts=3, backoff=NO_WAIT, lease=timedelta(seconds=2)
+)
+@dataclasses.dataclass
+class LeasedStep(RetriedStep):
+    """`RetriedStep` with a short lease: a run its killed worker left is recovered soon."""
 
 
 @venturi.task(kind="tests.workflow.summary")
