@@ -63,6 +63,7 @@ def env(
     limited: bool = False,
     keyed: bool = False,
     fair: bool = False,
+    rated: bool = False,
     dbname: str = DBNAME,
 ) -> dict[str, str]:
     values = dict(os.environ)
@@ -78,6 +79,9 @@ def env(
     values.pop("VENTURI_BENCH_FAIR", None)
     if fair:
         values["VENTURI_BENCH_FAIR"] = "1"
+    values.pop("VENTURI_BENCH_RATED", None)
+    if rated:
+        values["VENTURI_BENCH_RATED"] = "1"
     if sink is not None:
         values["VENTURI_BENCH_SINK"] = str(sink)
     return values

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.flow_control import admin_dsn, env, fresh_database  # noqa: E402
+from benchmarks.idle_fleet import enqueue_in_child, fleet_arguments, idle_fleet  # noqa: E402
 from benchmarks.sink import SinkReader  # noqa: E402
 
 DBNAME = "venturi_bench_key_caps"
@@ -62,14 +62,6 @@ def enqueue(variant: str, jobs: int, keys: int, seconds: float) -> None:
     print(began)
 
 
-def live_workers() -> int:
-    with psycopg.connect(admin_dsn(DBNAME), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM django_venturi_workerprocess WHERE stopped_at IS NULL"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def peak(intervals: list[tuple[float, float]]) -> int:
     """The most intervals open at one instant (an end before a start at the same time)."""
     events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
@@ -86,44 +78,19 @@ def run(variant: str, options: argparse.Namespace) -> dict[str, float]:
     processes = options.workers if keyed else options.keys * CAP // options.concurrency
     with tempfile.TemporaryDirectory() as tmp:
         sink = SinkReader(str(Path(tmp) / "sink"))
-        command = [sys.executable, "-m", "django", "venturi_worker", "-v", "0"]
-        command += ["--concurrency", str(options.concurrency)]
-        workers = [
-            subprocess.Popen(
-                command, env=env(Path(sink.path), keyed=keyed, dbname=DBNAME), cwd=REPO_ROOT
+        fleet_env = env(Path(sink.path), keyed=keyed, dbname=DBNAME)
+        with idle_fleet(processes, options.concurrency, fleet_env, DBNAME):
+            enqueued = enqueue_in_child(
+                Path(__file__),
+                [variant, str(options.jobs), str(options.keys), str(options.seconds)],
+                env(keyed=keyed, dbname=DBNAME),
             )
-            for _ in range(processes)
-        ]
-        try:
-            deadline = time.monotonic() + 60
-            while live_workers() < processes:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{variant}: the workers did not start")
-                time.sleep(0.05)
-            time.sleep(1.0)  # each is listening and idle
-            child = subprocess.run(
-                [
-                    *(sys.executable, str(Path(__file__)), "enqueue", variant),
-                    *(str(options.jobs), str(options.keys), str(options.seconds)),
-                ],
-                env=env(keyed=keyed, dbname=DBNAME),
-                cwd=REPO_ROOT,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            enqueued = float(child.stdout.split()[-1])
             deadline = time.monotonic() + 600
             while sum(1 for i in sink.times if i >= ENDED) < options.jobs:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{variant}: the jobs did not finish")
                 sink.poll()
                 time.sleep(0.02)
-        finally:
-            for worker in workers:
-                worker.terminate()
-            for worker in workers:
-                worker.wait(timeout=60)
     by_key: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for i in range(options.jobs):
         by_key[i % options.keys].append((min(sink.times[i]), min(sink.times[i + ENDED])))
@@ -152,10 +119,7 @@ def handoffs(runs: list[tuple[float, float]]) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--jobs", type=int, default=1000)
+    fleet_arguments(parser)
     parser.add_argument("--keys", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=0.5)
     options = parser.parse_args()

@@ -4,6 +4,8 @@ SinkJob: an int payload, a handler that appends (i, time) to the sink (W1-W3).
 CountJob: a keyed task whose clashes add up their `count` (W7, dedup under contention).
 LimitedJob: a rate-limited kind, registered only when VENTURI_BENCH_RATE_LIMITED is set
 (benchmarks/flow_control.py: a plain drain with and without a limited kind present).
+RatedJob: the sink handler limited to 50 starts a second, registered only when
+VENTURI_BENCH_RATED is set (benchmarks/rate_limits.py).
 KeyCappedJob: at most 2 running per `key`, registered only when VENTURI_BENCH_KEY_CAPPED
 is set (benchmarks/key_caps.py, and flow_control.py's `keyed` variant); SleepJob: the
 same handler without a cap (key_caps.py's reference).
@@ -33,6 +35,7 @@ from benchmarks import sink
 from benchmarks.bench_project.benchapp.models import Counter
 
 RATE_LIMITED_ENV = "VENTURI_BENCH_RATE_LIMITED"
+RATED_ENV = "VENTURI_BENCH_RATED"
 KEY_CAPPED_ENV = "VENTURI_BENCH_KEY_CAPPED"
 FAIR_ENV = "VENTURI_BENCH_FAIR"
 ENDED = 50_000_000
@@ -148,6 +151,24 @@ if os.environ.get(RATE_LIMITED_ENV):
         i: int
 
         def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+            return venturi.Outcome.completed()
+
+
+if os.environ.get(RATED_ENV):
+    from benchmarks.rate_limits import RATED_PER_SECOND
+
+    @venturi.task(
+        kind="bench.rated",
+        rate_limit=venturi.RateLimit(RATED_PER_SECOND, per=timedelta(seconds=1)),
+    )
+    @dataclasses.dataclass
+    class RatedJob(venturi.Task):
+        """The sink handler at most 50 starts a second (benchmarks/rate_limits.py)."""
+
+        i: int
+
+        def handle(self, ctx: venturi.Context) -> venturi.Outcome:
+            sink.handle(self.i)
             return venturi.Outcome.completed()
 
 
