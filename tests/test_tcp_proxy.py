@@ -58,6 +58,14 @@ def connect(proxy: TcpProxy) -> socket.socket:
     return socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
 
 
+def assert_unanswered(sock: socket.socket, text: bytes) -> None:
+    """`text` goes out and no answer comes back (within 0.3 s); the socket stays open."""
+    sock.settimeout(0.3)
+    sock.sendall(text)
+    with pytest.raises(TimeoutError):
+        sock.recv(4096)
+
+
 def assert_reset(sock: socket.socket) -> None:
     """The proxy cut `sock` with an RST (not a FIN, not silence)."""
     sock.settimeout(5)
@@ -87,15 +95,9 @@ def test_a_blackhole_holds_bytes_without_closing_and_healing_delivers_them(
         client = connect(proxy)
         assert ask(client, b"a") == b"1:a"
         proxy.blackhole()
-        client.settimeout(0.3)
-        client.sendall(b"held")
-        with pytest.raises(TimeoutError):
-            client.recv(4096)
+        assert_unanswered(client, b"held")
         late = connect(proxy)  # a new connection waits too
-        late.settimeout(0.3)
-        late.sendall(b"parked")
-        with pytest.raises(TimeoutError):
-            late.recv(4096)
+        assert_unanswered(late, b"parked")
         assert proxy.open_connections == 1
         proxy.heal()
         client.settimeout(5)
@@ -127,10 +129,7 @@ def test_forgetting_leaves_the_client_socket_open_and_silent_while_new_ones_work
         fresh = connect(proxy)
         assert ask(fresh, b"x") == b"1:x"
         assert proxy.forget() == 1
-        fresh.settimeout(0.3)
-        fresh.sendall(b"lost")
-        with pytest.raises(TimeoutError):
-            fresh.recv(4096)
+        assert_unanswered(fresh, b"lost")
         assert proxy.open_connections == 0
         again = connect(proxy)
         assert ask(again, b"y") == b"1:y"

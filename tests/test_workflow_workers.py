@@ -47,6 +47,29 @@ def assert_cancelled_after(alias: str, job: Job, dependency: Job, ended: str) ->
     assert attempts(alias, row) == []
 
 
+def enqueue_dependents(dependency: Job, give_up: bool) -> list[Job]:
+    """After a dependency that fails (`give_up`): one dependent to cancel (`doomed`) and
+    one to run anyway; after one that completes: one dependent (`after`)."""
+    if give_up:
+        doomed = Step("doomed").enqueue(after=[dependency])
+        return [doomed, Step("anyway").enqueue(after=[dependency], after_failure="run")]
+    return [Step("after").enqueue(after=[dependency])]
+
+
+def assert_dependents_resolved_once(
+    alias: str, dependency: Job, dependents: list[Job], give_up: bool
+) -> None:
+    """Each dependent of `enqueue_dependents` was resolved once, as the verdict says."""
+    if give_up:
+        doomed, anyway = dependents
+        assert_cancelled_after(alias, doomed, dependency, "failed")
+        assert attempts(alias, anyway) == [1] and journal(alias, anyway) == [("completed", "")]
+    else:
+        (after,) = dependents
+        assert attempts(alias, after) == [1] and journal(alias, after) == [("completed", "")]
+        assert Record.objects.get(job_id=after.id).value["seen"] == ["dependency"]
+
+
 # ---------------------------------------------------------------- a retried dependency
 
 
@@ -154,12 +177,7 @@ def test_a_worker_killed_after_its_verdict_and_before_the_resolution_leaves_it_t
     killed = workers.start(alias)
     wait_until(lambda: attempts(alias, dependency) == [1], timeout=60, message="the handler")
     # Enqueued after its claim: the verdict's statement does not resolve them.
-    if give_up:
-        doomed = Step("doomed").enqueue(after=[dependency])
-        anyway = Step("anyway").enqueue(after=[dependency], after_failure="run")
-        dependents = [doomed, anyway]
-    else:
-        dependents = [Step("after").enqueue(after=[dependency])]
+    dependents = enqueue_dependents(dependency, give_up)
     ended = "failed" if give_up else "completed"
     verdict = (ended, "Outcome.failed" if give_up else "")
 
@@ -196,13 +214,7 @@ def test_a_worker_killed_after_its_verdict_and_before_the_resolution_leaves_it_t
     )
     assert journal(alias, dependency) == [verdict]  # its verdict is not written again
     assert attempts(alias, dependency) == [1]
-    if give_up:
-        assert_cancelled_after(alias, doomed, dependency, "failed")
-        assert attempts(alias, anyway) == [1] and journal(alias, anyway) == [("completed", "")]
-    else:
-        (after,) = dependents
-        assert attempts(alias, after) == [1] and journal(alias, after) == [("completed", "")]
-        assert Record.objects.get(job_id=after.id).value["seen"] == ["dependency"]
+    assert_dependents_resolved_once(alias, dependency, dependents, give_up)
     assert "resolved the dependents of 1 finished job(s)" in workers.log(1)
 
 
@@ -219,12 +231,7 @@ def test_a_worker_killed_while_its_verdict_resolves_in_one_transaction_loses_not
     alias = "default"
     gate = tmp_path / "gate"
     dependency = LeasedStep("dependency", gate=str(gate), held=1, give_up=give_up).enqueue()
-    if give_up:
-        doomed = Step("doomed").enqueue(after=[dependency])
-        anyway = Step("anyway").enqueue(after=[dependency], after_failure="run")
-        dependents = [doomed, anyway]
-    else:
-        dependents = [Step("after").enqueue(after=[dependency])]
+    dependents = enqueue_dependents(dependency, give_up)
     monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps({"RESCUE_INTERVAL": 3600}))
     killed = workers.start(alias)
     wait_until(lambda: attempts(alias, dependency) == [1], timeout=60, message="the handler")
@@ -272,11 +279,7 @@ def test_a_worker_killed_while_its_verdict_resolves_in_one_transaction_loses_not
             "lease_expired",
             "failed",
         ]
-        assert_cancelled_after(alias, doomed, dependency, "failed")
-        assert attempts(alias, anyway) == [1] and journal(alias, anyway) == [("completed", "")]
     else:
-        (after,) = dependents
         assert attempts(alias, dependency) == [1]
         assert journal(alias, dependency) == [("completed", "")]
-        assert attempts(alias, after) == [1] and journal(alias, after) == [("completed", "")]
-        assert Record.objects.get(job_id=after.id).value["seen"] == ["dependency"]
+    assert_dependents_resolved_once(alias, dependency, dependents, give_up)

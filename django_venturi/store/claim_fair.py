@@ -220,22 +220,7 @@ served(queue) AS ({served}),
 {paused},
 {eligible_unpaused},
 {slots},
--- As in the full claim: the due jobs of each slot in claim order, skipping rows
--- another worker is claiming right now.
-scanned AS (
-    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, c.cap_key,
-           c.fair_key, {slot_turns}
-    FROM slots
-    {slot_joins}
-    CROSS JOIN LATERAL (
-        SELECT id, kind, priority, rank, run_at, fair_key, {row_keys}
-        {due_in_slot}
-          {dedup_gate}
-        ORDER BY run_at, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-),
+{scanned},
 {fair},
 {queued},
 ranked AS (

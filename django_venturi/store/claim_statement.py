@@ -8,7 +8,9 @@ each with the turns of fair kinds (`claim_fair.py`) when one may be claimed.
 from the same parts.
 Each long query says why it is written as it is.
 
-`claim.py` runs them (behind the caps lock when the claim counts); `claim_orm.py`
+Where the claim looks (served queues, pauses, slots, each slot's scan) is in
+`claim_scan.py`, the gates of the full claim's rows in `claim_gates.py`. `claim.py`
+runs the statements (behind the caps lock when the claim counts); `claim_orm.py`
 makes the same selection off PostgreSQL; `claim_types.py` holds the request.
 """
 
@@ -29,73 +31,17 @@ from django_venturi.store.claim_fair import (
     UNFAIR_POOL,
 )
 from django_venturi.store.claim_gates import DEDUP_GATE, NO_ROW_KEYS, RATES, ROW_GATES, ROW_KEYS
+from django_venturi.store.claim_scan import (
+    DUE_IN_SLOT,
+    ELIGIBLE_UNPAUSED,
+    PAUSED,
+    SCANNED,
+    SERVED_QUEUES_ALL,
+    SERVED_QUEUES_LISTED,
+    SLOTS,
+)
 from django_venturi.store.claim_types import ClaimRequest
 from django_venturi.store.scheduling import TIERS, TierClock
-
-_SERVED_QUEUES_LISTED = "SELECT unnest(%(queues)s::text[])"
-
-# Every queue with ready jobs, found by skipping through the claim index from one
-# distinct queue to the next (one index probe per queue, not a scan of the backlog).
-_SERVED_QUEUES_ALL = """
-    (SELECT queue FROM {table} WHERE state = 'ready' ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM {table} AS j
-            WHERE j.state = 'ready' AND j.queue > served.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM served WHERE served.queue IS NOT NULL
-"""
-
-_PAUSED = """
--- Paused queues and kinds (`pauses.py`): read by the statement itself, so a pause
--- committed before it began is never missed.
-paused_queues(names) AS (
-    SELECT coalesce(array_agg(name), '{{}}') FROM {pause_table} WHERE scope = 'queue'
-),
-paused_kinds(names) AS (
-    SELECT coalesce(array_agg(name), '{{}}') FROM {pause_table} WHERE scope = 'kind'
-)
-"""
-
-# The due jobs of a slot (`slots`) that the claim may take: its kinds that are
-# `eligible`, and Django Tasks jobs, whatever their function (NULL prefix: none).
-_DUE_IN_SLOT = """FROM {table}
-        WHERE state = 'ready' AND queue = slots.queue AND priority = slots.priority
-          AND rank = slots.rank AND run_at <= now()
-          AND (kind = ANY((SELECT kinds FROM eligible)::text[])
-               OR (starts_with(kind, %(kind_prefix)s::text)
-                   AND kind <> ALL((SELECT names FROM paused_kinds)::text[])))"""
-
-# The claimable kinds of a claim that counts nothing: those not paused.
-_ELIGIBLE_UNPAUSED = """eligible(kinds) AS (
-    SELECT coalesce(array_agg(kind), '{}') FROM unnest(%(kinds)s::text[]) AS known(kind)
-    WHERE known.kind <> ALL((SELECT names FROM paused_kinds)::text[])
-)"""
-
-_SLOTS = """
--- The (tier, rank) pairs that hold ready jobs in each served queue, found by
--- skipping through the claim index from one pair to the next: one index probe
--- per pair (usually one rank per tier), not a scan of the backlog.
-slots(queue, priority, rank) AS (
-    SELECT served.queue, lowest.priority, lowest.rank
-    FROM served
-    CROSS JOIN LATERAL (
-        SELECT priority, rank FROM {table}
-        WHERE state = 'ready' AND queue = served.queue
-        ORDER BY priority, rank LIMIT 1
-    ) AS lowest
-    WHERE served.queue IS NOT NULL
-      AND served.queue <> ALL((SELECT names FROM paused_queues)::text[])
-    UNION ALL
-    SELECT slots.queue, following.priority, following.rank
-    FROM slots
-    CROSS JOIN LATERAL (
-        SELECT priority, rank FROM {table}
-        WHERE state = 'ready' AND queue = slots.queue
-          AND (priority, rank) > (slots.priority, slots.rank)
-        ORDER BY priority, rank LIMIT 1
-    ) AS following
-)
-"""
 
 _TURNS = """
 -- Weighted turns (`scheduling.py`): each tier's clock and stride, and the clock and
@@ -186,25 +132,7 @@ eligible(kinds) AS (
       AND (%(start_room)s::integer > 0 OR known.kind <> ALL(%(counted_kinds)s::text[]))
 ),
 {slots},
--- For each slot, the due jobs in claim order. Each lateral scan is a range of
--- the partial claim index (queue, priority, rank, run_at, id), so its cost does
--- not grow with the backlog. SKIP LOCKED passes over rows that another worker
--- is claiming right now instead of waiting for it.
-scanned AS (
-    SELECT c.id, c.kind, slots.queue, c.priority, c.rank, c.run_at, c.rate_key, c.cap_key,
-           c.fair_key, {slot_turns}
-    FROM slots
-    {slot_joins}
-    CROSS JOIN LATERAL (
-        SELECT id, kind, priority, rank, run_at, fair_key,
-               {row_keys}
-        {due_in_slot}
-          {row_gates}
-        ORDER BY run_at, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-),
+{scanned},
 {fair},
 {queued},
 -- With one slot (one queue and tier: the common case), the turns order nothing
@@ -376,7 +304,7 @@ def fragments(alias: str, listed_queues: bool, *, shape: Shape = "lean") -> dict
     gates; the fair kinds' turns are taken in the fair claims, whose chosen jobs
     carry them."""
     tables = _tables(alias)
-    served = _SERVED_QUEUES_LISTED if listed_queues else _SERVED_QUEUES_ALL
+    served = SERVED_QUEUES_LISTED if listed_queues else SERVED_QUEUES_ALL
     # The turns order a fair kind's picks as the scan's rows whose places they take.
     place_id = "id" if shape == "lean" else "place_id"
     dedup_gate = DEDUP_GATE.format(**tables)
@@ -389,16 +317,20 @@ def fragments(alias: str, listed_queues: bool, *, shape: Shape = "lean") -> dict
         else {"row_keys": NO_ROW_KEYS, "row_gates": dedup_gate}
     )
     fair = shape in ("fair", "full_fair")
+    due_in_slot = DUE_IN_SLOT.format(**tables)
     return {
         **tables,
         **rows,
         "dedup_gate": dedup_gate,
         "served": served.format(**tables),
-        "paused": _PAUSED.format(**tables),
+        "paused": PAUSED.format(**tables),
         "rates": RATES.format(**tables),
-        "slots": _SLOTS.format(**tables),
-        "due_in_slot": _DUE_IN_SLOT.format(**tables),
-        "eligible_unpaused": _ELIGIBLE_UNPAUSED,
+        "slots": SLOTS.format(**tables),
+        "due_in_slot": due_in_slot,
+        "scanned": SCANNED.format(
+            **rows, slot_turns=_SLOT_TURNS, slot_joins=_SLOT_JOINS, due_in_slot=due_in_slot
+        ),
+        "eligible_unpaused": ELIGIBLE_UNPAUSED,
         "fair": FAIR_CTES.format(**tables, **rows) if fair else UNFAIR_POOL,
         "claim_tail": _CLAIM_TAIL.format(
             **tables, fair_turn="chosen.fair_turn" if fair else "NULL::bigint"

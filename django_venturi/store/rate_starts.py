@@ -37,22 +37,28 @@ def too_late(limit: RateLimit, job: ClaimedJob, now: float) -> bool:
 
 def confirm(alias: str, job: ClaimedJob, limit: RateLimit) -> bool:
     """Move the job's latest recorded start to now (its handler starts); False, moving
-    nothing, if the write came too late for that (`too_late`: its handler must not run)."""
+    nothing, if it is too late for that (`too_late`: its handler must not run)."""
     connection = connections[alias]
     if connection.vendor != "postgresql":
-        # SQLite: the time is read once the transaction holds the write lock
-        # (IMMEDIATE). A write that waited for the lock could otherwise date the start
-        # before the handler's, or land after claims counted the claim's record out of
-        # its window: the lock's wait counts towards `too_late`.
-        with transaction.atomic(using=alias):
-            if too_late(limit, job, time.monotonic()):
-                return False
-            latest = RateStart.objects.using(alias).filter(job_id=job.id).order_by("-id")[:1]
-            RateStart.objects.using(alias).filter(
-                id__in=list(latest.values_list("id", flat=True))
-            ).update(started_at=timezone.now())
-        return True
+        return _confirm_holding_the_write_lock(alias, job, limit)
+    if too_late(limit, job, time.monotonic()):
+        return False
     ledger = connection.ops.quote_name(RateStart._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(_CONFIRM_SQL.format(ledger=ledger), [job.id])
+    return True
+
+
+def _confirm_holding_the_write_lock(alias: str, job: ClaimedJob, limit: RateLimit) -> bool:
+    """SQLite: the time is read once the transaction holds the write lock (IMMEDIATE).
+    A write that waited for the lock could otherwise date the start before the
+    handler's, or land after claims counted the claim's record out of its window: the
+    lock's wait counts towards `too_late`."""
+    with transaction.atomic(using=alias):
+        if too_late(limit, job, time.monotonic()):
+            return False
+        latest = RateStart.objects.using(alias).filter(job_id=job.id).order_by("-id")[:1]
+        RateStart.objects.using(alias).filter(
+            id__in=list(latest.values_list("id", flat=True))
+        ).update(started_at=timezone.now())
     return True

@@ -216,17 +216,14 @@ class Handlers:
         hand it back if it is too late for that (see `rate_starts.py`). False if it must
         not run."""
         job = execution.job
-        late = rate_starts.too_late(limit, job, time.monotonic())
-        if not late:
-            try:
-                late = not rate_starts.confirm(self.results.alias, job, limit)
-            except db.Error as error:  # the run goes on: its claim's record still counts
-                logger.warning("job %d: could not record its start time: %s", job.id, error)
-        if late:
-            if self.runs.end(execution):
-                self.release([execution], reason="started too late to keep its rate limit")
-            return False
-        return True
+        try:
+            in_time = rate_starts.confirm(self.results.alias, job, limit)
+        except db.Error as error:  # the run goes on: its claim's record still counts
+            logger.warning("job %d: could not record its start time: %s", job.id, error)
+            in_time = True
+        if not in_time and self.runs.end(execution):
+            self.release([execution], reason="started too late to keep its rate limit")
+        return in_time
 
     # ------------------------------------------------------------ verdicts
 

@@ -12,6 +12,16 @@ from tests.testapp.models import Record
 from tests.testapp.tasks import NO_WAIT, wait_for_file
 
 
+def record_step(ctx: venturi.Context, name: str) -> None:
+    """A step's run: its name and the results of the jobs it waited for."""
+    Record.objects.using(ctx.database).create(
+        job_id=ctx.job_id,
+        kind="step",
+        attempt=ctx.attempt,
+        value={"name": name, "seen": sorted(ctx.dependency_results().values(), key=str)},
+    )
+
+
 @venturi.task(kind="tests.workflow.step")
 @dataclasses.dataclass
 class Step(venturi.Task):
@@ -19,12 +29,7 @@ class Step(venturi.Task):
     fail: bool = False
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        Record.objects.using(ctx.database).create(
-            job_id=ctx.job_id,
-            kind="step",
-            attempt=ctx.attempt,
-            value={"name": self.name, "seen": sorted(ctx.dependency_results().values(), key=str)},
-        )
+        record_step(ctx, self.name)
         if self.fail:
             return venturi.Outcome.failed(f"{self.name} fails on purpose")
         return venturi.Outcome.completed(result=self.name)
@@ -47,12 +52,7 @@ class RetriedStep(venturi.Task):
     """Fail for good (`Outcome.failed`) instead of completing."""
 
     def handle(self, ctx: venturi.Context) -> venturi.Outcome:
-        Record.objects.using(ctx.database).create(
-            job_id=ctx.job_id,
-            kind="step",
-            attempt=ctx.attempt,
-            value={"name": self.name, "seen": sorted(ctx.dependency_results().values(), key=str)},
-        )
+        record_step(ctx, self.name)
         if self.gate and ctx.attempt == self.held:
             wait_for_file(self.gate)
         if ctx.attempt <= self.failing:
