@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,13 @@ class Fleet:
         process = rng.choice(candidates)
         process.send_signal(signal.SIGSTOP)
         self.frozen[process.pid] = time.monotonic() + seconds
+        # Resumed on time by a timer of its own, as a frozen process thaws whatever its
+        # clients do: the soak's producer may itself wait on a row the frozen worker
+        # holds (a claim frozen before its pipeline's Sync went out), and `supervise`,
+        # on the same thread, would then never come to resume it.
+        timer = threading.Timer(seconds, self.thaw, args=(process.pid,))
+        timer.daemon = True
+        timer.start()
         return process.pid
 
     def thaw(self, pid: int) -> None:

@@ -28,8 +28,11 @@ out). Should the server still wait on that worker, the transaction tells it to
 give up after `CAPS_LOCK_HOLD` (set for that transaction only):
 `tcp_user_timeout` while it is stuck sending the claimed rows (the worker's
 socket buffers full), `lock_timeout` should the statement ever wait on a row
-another session holds, and `idle_in_transaction_session_timeout` should the
-pipeline's end not have come with it. The server ends that session, the claim
+another session holds, and `idle_in_transaction_session_timeout` once the
+transaction is idle. (Not bounded: a worker frozen after its statements went out
+and before the pipeline's Sync did. The session is then active, reading, where
+neither idle timeout nor `statement_timeout` applies, and holds the lock and its
+rows until the worker thaws: docs/reliability.md.) The server ends that session, the claim
 rolls back (no job is left running without a worker that knows it), and the
 worker, when it runs again, finds its connection gone and reconnects as after
 any lost connection.
