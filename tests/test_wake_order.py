@@ -194,10 +194,10 @@ def start_idle_workers(
     wakes: for the lease sweep and the periodic scheduler too); wait until each one
     knows the others.
 
-    Without the test modules' capped and rate-limited kinds: a claim that may have
-    left jobs behind for a cap is not taken to have drained what is due, and its
-    worker claims again (see `Claimer._after_claim`)."""
-    settings = {"RESCUE_INTERVAL": 60, "PERIODIC_INTERVAL": 60, "TASK_MODULES": []}
+    With the test modules' capped and rate-limited kinds registered: their claims are
+    the full statement, which must tell that it left no job behind for a limit, or
+    its worker would claim again (`Claimer._after_claim`)."""
+    settings = {"RESCUE_INTERVAL": 60, "PERIODIC_INTERVAL": 60}
     monkeypatch.setenv("VENTURI_TEST_SETTINGS", json.dumps(settings))
     for _ in range(count):
         workers.start("default", "--poll-interval", "60", *args)

@@ -29,13 +29,12 @@ give up after `CAPS_LOCK_HOLD` (set for that transaction only):
 `tcp_user_timeout` while it is stuck sending the claimed rows (the worker's
 socket buffers full), `lock_timeout` should the statement ever wait on a row
 another session holds, and `idle_in_transaction_session_timeout` once the
-transaction is idle. (Not bounded: a worker frozen after its statements went out
-and before the pipeline's Sync did. The session is then active, reading, where
-neither idle timeout nor `statement_timeout` applies, and holds the lock and its
-rows until the worker thaws: docs/reliability.md.) The server ends that session, the claim
-rolls back (no job is left running without a worker that knows it), and the
-worker, when it runs again, finds its connection gone and reconnects as after
-any lost connection.
+transaction is idle. (A worker frozen after its first statement went out and
+before the pipeline's Sync did leaves its session active, reading, where no
+timeout applies: the other workers' lease sweeps end it, `stuck_claims.py`.)
+The server ends that session, the claim rolls back (no job is left running
+without a worker that knows it), and the worker, when it runs again, finds its
+connection gone and reconnects as after any lost connection.
 
 Measured with two workers draining no-op jobs beside a registered rate-limited
 kind, one frozen for 2.5 s ten times at random moments (the issue's repro): with
@@ -60,6 +59,7 @@ and the request and result types in `claim_types.py` (importable from here too).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
 from datetime import timedelta
@@ -68,6 +68,7 @@ from typing import Any
 from django import db
 from django.db import connections
 
+from django_venturi.models import Job
 from django_venturi.payloads import stored
 from django_venturi.store import statements
 from django_venturi.store.claim_next_due import next_due_statement
@@ -117,16 +118,23 @@ CAPS_LOCKED = "venturi.caps_locked"
 statement, whether that statement took the lock ('on'); else it leaves the kinds
 that need it alone."""
 
+# Beside the lock: whether a job of a kind that needs it is ready (one probe of the
+# kind and state index per kind). A claim that finds the lock taken and none ready
+# has left nothing for later: a job enqueued after it announces itself.
 _TRY_CAPS_LOCK = """
 SELECT set_config('venturi.caps_locked',
                   CASE WHEN pg_try_advisory_xact_lock(%(key)s) THEN 'on' ELSE 'off' END,
-                  true) = 'on'
+                  true) = 'on',
+       EXISTS (SELECT FROM {table} WHERE state = 'ready'
+                                     AND kind = ANY(%(serialised_kinds)s::text[]))
 """
 
 _TAKE_CAPS_LOCK = """
 SELECT set_config('venturi.caps_locked',
                   CASE WHEN pg_try_advisory_xact_lock(%(key)s) THEN 'on' ELSE 'off' END,
                   true) = 'on',
+       EXISTS (SELECT FROM {table} WHERE state = 'ready'
+                                     AND kind = ANY(%(serialised_kinds)s::text[])),
        set_config('idle_in_transaction_session_timeout', %(hold)s, true),
        set_config('lock_timeout', %(hold)s, true),
        -- TCP_USER_TIMEOUT is Linux's; elsewhere the setting stays as it is.
@@ -143,9 +151,12 @@ def claim(
     queues within each tier (`scheduling.py`), under a
     fresh claim token (or `token`: a caller that must be able to hand back a claim
     whose answer it never got chooses it, see `leases.release_unanswered`)."""
+    whole = request
     request = _without_full_kinds(request)
+    # Kinds this worker's own caps left out: their due jobs wait for its runs to finish.
+    left_out = request is not whole
     if request.limit < 1 or not request.claims_some_kind():
-        return Claimed()
+        return Claimed(left_behind=left_out)
     token = token or uuid.uuid4()
     if connections[alias].vendor == "postgresql":
         jobs = _claim_postgresql(alias, request, clock, token)
@@ -154,6 +165,7 @@ def claim(
     ordered = Claimed(
         _in_turn_order(jobs, clock),
         counted_later=jobs.counted_later,
+        left_behind=jobs.left_behind or left_out,
         fair_cursors=jobs.fair_cursors,
     )
     clock.record(((job.priority, job.queue) for job in ordered), limit=request.limit)
@@ -219,17 +231,17 @@ def _claim_postgresql(
     sent = time.monotonic()
     if not request.serialised:
         rows = statements.fetch(alias, sql, params, session=session)
-        return Claimed(_claimed(rows, token, sent), fair_cursors=_fair_turns(rows))
+        return Claimed(
+            _claimed(rows, token, sent),
+            left_behind=_left_behind(request, rows),
+            fair_cursors=_fair_turns(rows),
+        )
     # Inside a caller's transaction (a test's), the lock lasts as long as it does,
     # and the bounds would reach its later statements: left to the caller.
     bounded = not connections[alias].in_atomic_block
     lock = (
-        (_TAKE_CAPS_LOCK, {"key": CAPS_LOCK_KEY, "hold": _HOLD})
-        if bounded
-        else (
-            _TRY_CAPS_LOCK,
-            {"key": CAPS_LOCK_KEY},
-        )
+        _caps_lock_sql(alias, bounded),
+        {"key": CAPS_LOCK_KEY, "hold": _HOLD, "serialised_kinds": request.serialised_kinds()},
     )
     try:
         locked, rows = statements.fetch_pair(alias, lock, (sql, params), session=session)
@@ -245,15 +257,34 @@ def _claim_postgresql(
         raise
     # Another claim is counting (or its worker stopped answering, until the server
     # ends its session): the statement took the kinds that need no count, and left
-    # the others for a claim shortly.
+    # the others, if any is ready, for a claim shortly.
+    (took_lock, serialised_ready, *_settings) = locked[0]
     return Claimed(
         _claimed(rows, token, sent),
-        counted_later=not locked[0][0],
+        counted_later=not took_lock and serialised_ready,
+        left_behind=_left_behind(request, rows),
         fair_cursors=_fair_turns(rows),
     )
 
 
+def _left_behind(request: ClaimRequest, rows: list[tuple[Any, ...]]) -> bool:
+    """Whether the claim may have passed over due jobs of capped or rate-limited kinds:
+    the full claim's last column (`claim_statement._LEFT_BEHIND`); an empty claim
+    returns no row to tell, so a limited one is taken to have."""
+    if not request.limited:
+        return False
+    return bool(rows[0][-1]) if rows else True
+
+
 _HOLD = str(int(CAPS_LOCK_HOLD.total_seconds() * 1000))
+
+
+@functools.cache
+def _caps_lock_sql(alias: str, bounded: bool) -> str:
+    """The caps lock's statement: with its bounds, or without (inside a caller's
+    transaction)."""
+    table = connections[alias].ops.quote_name(Job._meta.db_table)
+    return (_TAKE_CAPS_LOCK if bounded else _TRY_CAPS_LOCK).format(table=table)
 
 
 class ClaimSessionEnded(db.OperationalError):

@@ -78,12 +78,21 @@ def claim_orm(alias: str, request: ClaimRequest, clock: TierClock, token: uuid.U
             )
         ]
         chosen: list[int] = []
+        # As the statement's last column: limited kinds or keys out of the scan, or
+        # candidates the limits turn away.
+        left_behind = bool(
+            request.limited_kinds() - set(kinds) - set(paused_kinds)
+            or rates.full_keys()
+            or keys.full_keys()
+        )
         for _, _, job_id, kind, payload in sorted(candidates, key=lambda entry: entry[:3]):
             if len(chosen) == request.limit:
                 break
             if room.get(kind, 1) < 1 or not keys.fits(kind, payload):
+                left_behind = True
                 continue
             if not rates.take(job_id, kind, payload):
+                left_behind = True
                 continue
             keys.take(kind, payload)
             if kind in room:
@@ -111,7 +120,7 @@ def claim_orm(alias: str, request: ClaimRequest, clock: TierClock, token: uuid.U
         )
         for job in jobs
     )
-    return Claimed(claimed, fair_cursors=last_turns(chosen, turns))
+    return Claimed(claimed, left_behind=left_behind, fair_cursors=last_turns(chosen, turns))
 
 
 def _tier_candidates(
@@ -169,12 +178,19 @@ class _RatesOrm:
             return False
         return rule.limit.key is not None or len(self.used[kind].get("", [])) < rule.limit.limit
 
+    def _full(self, kind: str) -> list[str]:
+        limit = self.rules[kind].limit.limit
+        return [key for key, starts in self.used[kind].items() if len(starts) >= limit]
+
+    def full_keys(self) -> bool:
+        """Whether a kind or key is at its limit."""
+        return any(self._full(kind) for kind in self.rules)
+
     def without_full_keys(self, due: QuerySet[Job]) -> QuerySet[Job]:
         """`due` less the jobs whose key is at its limit (so they fill no part of the claim)."""
         for index, (kind, rule) in enumerate(self.rules.items()):
             field = rule.limit.key
-            used = self.used[kind]
-            full = [key for key, starts in used.items() if len(starts) >= rule.limit.limit]
+            full = self._full(kind)
             if field is None or not full:
                 continue
             due = _without_keys(due, kind, field, full, name=f"venturi_rate_key_{index}")
@@ -233,6 +249,10 @@ class _CapKeysOrm:
     def _full(self, kind: str) -> list[str]:
         cap = self.limits[kind].global_cap
         return [key for key, held in self.held[kind].items() if cap is not None and held >= cap]
+
+    def full_keys(self) -> bool:
+        """Whether a key is at its cap."""
+        return any(self._full(kind) for kind in self.limits)
 
     def without_full_keys(self, due: QuerySet[Job]) -> QuerySet[Job]:
         """`due` less the jobs whose key is at its cap (so they fill no part of the claim)."""

@@ -231,8 +231,22 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 -- binary, where psycopg would decode jsonb itself; Django's loads it as text).
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
           job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
-          job.dependents > 0, job.dedup_key IS NOT NULL, job.fair_key, leased.fair_turn
+          job.dependents > 0, job.dedup_key IS NOT NULL, job.fair_key, leased.fair_turn{left_behind}
 """
+
+# The full claim's last column: whether it may have passed over due jobs of capped or
+# rate-limited kinds (`Claimed.left_behind`): the pool held rows the limits turned
+# away, or a limited kind (or one of its keys) was out of the scan for its limit.
+_LEFT_BEHIND = """,
+          (SELECT count(*) FROM pool) > (SELECT count(*) FROM chosen)
+          OR EXISTS (SELECT FROM full_keys) OR EXISTS (SELECT FROM exhausted)
+          -- Out of the scan for a limit: not for a pause (a resume wakes the workers),
+          -- nor for want of the caps lock (`Claimed.counted_later` tells that).
+          OR EXISTS (SELECT FROM unnest(%(limited_kinds)s::text[]) AS limited(kind)
+                     WHERE limited.kind <> ALL((SELECT kinds FROM eligible)::text[])
+                       AND limited.kind <> ALL((SELECT names FROM paused_kinds)::text[])
+                       AND ((SELECT held FROM locked)
+                            OR limited.kind <> ALL(%(serialised_kinds)s::text[])))"""
 
 # The claim when no claimable kind is capped or rate-limited (the common case):
 # the same selection without the CTEs that count running jobs and starts, which
@@ -333,7 +347,9 @@ def fragments(alias: str, listed_queues: bool, *, shape: Shape = "lean") -> dict
         "eligible_unpaused": ELIGIBLE_UNPAUSED,
         "fair": FAIR_CTES.format(**tables, **rows) if fair else UNFAIR_POOL,
         "claim_tail": _CLAIM_TAIL.format(
-            **tables, fair_turn="chosen.fair_turn" if fair else "NULL::bigint"
+            **tables,
+            fair_turn="chosen.fair_turn" if fair else "NULL::bigint",
+            left_behind=_LEFT_BEHIND if shape in ("full", "full_fair") else "",
         ),
         "tiers": _TURNS,
         "slot_turns": _SLOT_TURNS,

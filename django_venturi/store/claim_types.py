@@ -110,22 +110,28 @@ class Claimed(list[ClaimedJob]):
 
     `counted_later`: the claim left the capped and rate-limited kinds for later,
     because another claim was counting them (it held the caps lock, see
-    `claim.py`); the claimer tries them again shortly. `fair_cursors`: per fair
-    kind, the key of its last turn in this claim (`claim_fair.py`). A plain list
+    `claim.py`); the claimer tries them again shortly. `left_behind`: the claim
+    may have passed over due jobs of capped or rate-limited kinds for their limits
+    (their places may have kept other kinds' jobs out of a short claim, and a
+    finishing run or a passing window gives them room): the claimer claims again
+    after such a claim, and after its runs finish. `fair_cursors`: per fair kind,
+    the key of its last turn in this claim (`claim_fair.py`). A plain list
     otherwise.
     """
 
-    __slots__ = ("counted_later", "fair_cursors")
+    __slots__ = ("counted_later", "fair_cursors", "left_behind")
 
     def __init__(
         self,
         jobs: Iterable[ClaimedJob] = (),
         *,
         counted_later: bool = False,
+        left_behind: bool = False,
         fair_cursors: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(jobs)
         self.counted_later = counted_later
+        self.left_behind = left_behind or counted_later
         self.fair_cursors: Mapping[str, str] = fair_cursors or {}
 
 
@@ -190,8 +196,8 @@ class ClaimRequest:
 
     @property
     def limited(self) -> bool:
-        """Whether a kind it may take is capped or rate-limited (the full claim statement;
-        such a kind may take the places of other kinds' jobs in a short claim)."""
+        """Whether a kind it may take is capped or rate-limited (the full claim statement,
+        which tells whether it left jobs of such kinds behind: `Claimed.left_behind`)."""
         return bool(self.limits or self.rates)
 
     @property

@@ -21,7 +21,7 @@ from typing import TypeVar
 from django_venturi.conf import venturi_settings
 from django_venturi.registry import registry
 from django_venturi.states import State
-from django_venturi.store import dependencies, leases
+from django_venturi.store import dependencies, leases, stuck_claims
 from django_venturi.store.claim import (
     Claimed,
     ClaimedJob,
@@ -117,8 +117,8 @@ class Claimer:
         self._unanswered_claims: list[uuid.UUID] = []
         """Tokens of claims that failed on the connection: the server may have run them."""
         self._drained = False
-        """The last claim came back short with no capped or rate-limited kind in it: it
-        took every job that was due."""
+        """The last claim came back short without passing over jobs of capped or
+        rate-limited kinds: it took every job that was due."""
         self._quiet = False
         """Drained, and new jobs announce themselves (NOTIFY): finishing runs do not wake
         the loop, nor do writes of verdicts that make no job claimable (each such wake
@@ -167,6 +167,11 @@ class Claimer:
                     "recovering expired leases",
                 )
                 self._guarded(self._recover_stranded, "resolving stranded dependents")
+                if self._counts_caps():
+                    self._guarded(
+                        lambda: stuck_claims.end_stuck_holders(self.alias),
+                        "ending claims stuck mid-pipeline",
+                    )
                 next_rescue = time.monotonic() + self.rescue_interval
             if self.pause_watch.due():
                 self._guarded(self.pause_watch.look, "looking for paused queues and kinds")
@@ -222,6 +227,11 @@ class Claimer:
                 extra={"jobs": recovered},
             )
 
+    def _counts_caps(self) -> bool:
+        """Whether this worker's claims take the caps lock (it registers a globally
+        capped or rate-limited kind): then it also ends claims stuck holding it."""
+        return self._request(1).serialised
+
     # ------------------------------------------------------------ wake-up calls
 
     def hand_on_calls(self) -> None:
@@ -247,22 +257,28 @@ class Claimer:
 
     # ------------------------------------------------------------ claiming
 
-    def _after_claim(self, request: ClaimRequest, claimed: list[ClaimedJob]) -> bool:
+    def _after_claim(self, request: ClaimRequest, claimed: Claimed) -> bool:
         """Note whether the claim drained what was due; return whether to claim again
-        before waiting: the claim came back full (more may be due), or short with a
-        capped or rate-limited kind in it, which may have taken the places of other
-        kinds' jobs. Short otherwise: nothing more is due now."""
+        before waiting: the claim came back full (more may be due), or short having
+        passed over jobs of capped or rate-limited kinds, which may have taken the
+        places of other kinds' jobs. Short otherwise: nothing more is due now."""
         full = _full(request, claimed)
-        self._drained = not full and not request.limited
-        return bool(claimed) and (full or request.limited)
+        self._drained = not full and not claimed.left_behind
+        return bool(claimed) and (full or claimed.left_behind)
 
     def claim_after(self, written: Sequence[Verdict]) -> bool:
         """Whether these verdicts, just written, call for a claim: always, unless the loop
-        is quiet and none of them made a job claimable (a requeue, or the verdict of a
-        keyed job, whose follow-up may have waited for it)."""
+        is quiet and none of them made a job claimable (a requeue, the verdict of a
+        keyed job, whose follow-up may have waited for it, or of a capped kind's, whose
+        place a waiting job of its kind may take)."""
         return not self._quiet or any(
-            verdict.state == State.READY or verdict.job.keyed for verdict in written
+            verdict.state == State.READY or verdict.job.keyed or self._capped(verdict.job.kind)
+            for verdict in written
         )
+
+    def _capped(self, kind: str) -> bool:
+        spec = registry.find(kind)
+        return kind in self.kind_concurrency or (spec is not None and spec.concurrency is not None)
 
     def _claim(self, request: ClaimRequest) -> Claimed | None:
         token = uuid.uuid4()
