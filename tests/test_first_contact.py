@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,8 @@ from tests.tcp_proxy import TcpProxy, free_port
 PASSWORD = "s3cret-never-shown"
 
 
-def burst(url: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    began = time.monotonic()
-    result = subprocess.run(
+def burst(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "django", "venturi_worker", "--burst"],
         env=cluster_workers.environment(url),
         cwd=ROOT,
@@ -44,7 +42,6 @@ def burst(url: str) -> tuple[subprocess.CompletedProcess[str], float]:
         timeout=60,
         check=False,
     )
-    return result, time.monotonic() - began
 
 
 def test_a_burst_worker_stops_at_once_when_its_database_cannot_be_reached() -> None:
@@ -58,11 +55,13 @@ def test_a_burst_worker_stops_at_once_when_its_database_cannot_be_reached() -> N
         f"postgres://postgres@venturi-nowhere.invalid:5432/{name}": "venturi-nowhere.invalid:5432",
     }
     for url, named in cases.items():
-        result, took = burst(url)
+        result = burst(url)
         assert result.returncode != 0, result.stderr
         assert "cannot reach database" in result.stderr and named in result.stderr, result.stderr
         assert PASSWORD not in result.stderr
-        assert took < 20, f"{took:.1f} s to give up on {url}"  # the process's start included
+        # Gave up at the first failed try: said once, never "still waiting" (a hang
+        # would pass `burst`'s 60 s timeout and fail there).
+        assert result.stderr.count("cannot reach") == 1, result.stderr
 
 
 @pytest.fixture
