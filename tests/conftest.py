@@ -25,9 +25,12 @@ WAGTAIL_SETTINGS = "tests.wagtail_check.settings"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Fail the whole run at once when PostgreSQL cannot be reached: never skip it."""
+    """Fail the whole run at once when PostgreSQL cannot be reached: never skip it.
+    Then empty the tables after each transactional test in milliseconds, not with
+    Django's `flush` (`tests/emptying.py`)."""
     import psycopg
 
+    from tests import emptying
     from tests.database import NoPostgreSQL, first_line, postgres_url
 
     url = postgres_url()
@@ -35,6 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
         psycopg.connect(url, connect_timeout=10).close()
     except psycopg.Error as error:
         raise NoPostgreSQL(f"cannot connect to {url}: {first_line(error)}") from None
+    emptying.install()
 
 
 SKIPPED: list[tuple[str, str]] = []
