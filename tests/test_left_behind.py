@@ -17,10 +17,11 @@ import pytest
 
 import django_venturi as venturi
 from django_venturi.registry import registry
-from django_venturi.store import pauses
+from django_venturi.store import pauses, verdicts
 from django_venturi.store.claim import Claimed, ClaimRequest, KindLimit, claim
 from django_venturi.store.rate_limits import RateRule
 from django_venturi.store.scheduling import TierClock
+from django_venturi.worker.claimer import Claimer
 from tests.test_frozen_claimer import caps_lock_held_elsewhere
 from tests.testapp.flow_tasks import Rated
 from tests.testapp.scheduling_tasks import KeyCapped, Uncapped
@@ -113,3 +114,28 @@ def test_without_the_caps_lock_a_ready_capped_job_is_left_for_later() -> None:
         claimed = take("default")
     assert [job.kind for job in claimed] == ["tests.noop"]
     assert claimed.counted_later and claimed.left_behind
+
+
+# ---------------------------------------------------------------- the claimer
+
+
+def quiet_claimer(kind_concurrency: dict[str, int]) -> Claimer:
+    """A claim loop whose last claim took every due job (only what `claim_after` reads)."""
+    claimer = Claimer.__new__(Claimer)
+    claimer._quiet = True
+    claimer.kind_concurrency = kind_concurrency
+    return claimer
+
+
+def test_a_quiet_claimer_claims_after_a_capped_kinds_run_only() -> None:
+    """A job of a capped kind may wait for the place a finishing run frees; the
+    notification of its enqueue may have called other workers, busy or quiet."""
+    KeyCapped(account="a").enqueue()
+    Noop(n=1).enqueue()
+    finished = {
+        job.kind: verdicts.from_outcome(job, registry.get(job.kind), venturi.Outcome.completed())
+        for job in take("default")
+    }
+    assert not quiet_claimer({}).claim_after([finished["tests.noop"]])
+    assert quiet_claimer({}).claim_after([finished["tests.key_capped"]])  # concurrency=
+    assert quiet_claimer({"tests.noop": 1}).claim_after([finished["tests.noop"]])  # local cap
