@@ -8,6 +8,8 @@ the worker at once, naming the flag.
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
+from django.core.management import load_command_class
 from django.db import connections
 from django.test import override_settings
 
@@ -181,3 +184,26 @@ def test_a_stalled_worker_is_neither_alive_nor_ready() -> None:
             server.stop()
     with pytest.raises(WorkerFailed, match="its start-up made no progress"):
         result_of(thread, box)
+
+
+def test_the_docs_show_one_deployment_and_one_unit_whose_probes_fit_the_worker() -> None:
+    """The guide and the production page include the same two files; the Deployment's
+    probes ask the port its worker's command line serves."""
+    docs = ROOT / "docs"
+    for page in ("guide.md", "production.md"):
+        text = (docs / page).read_text()
+        for name in ("kubernetes-worker-deployment.md", "systemd-worker-unit.md"):
+            assert text.count(f"```{{include}} _include/{name}") == 1, (page, name)
+        assert "livenessProbe:" not in text, f"{page} shows a Deployment of its own"
+    deployment = (docs / "_include" / "kubernetes-worker-deployment.md").read_text()
+    found = re.search(r"command: (\[.*?\])", deployment, re.DOTALL)
+    assert found is not None
+    command = json.loads(found.group(1))
+    assert command[:3] == ["python", "manage.py", "venturi_worker"]
+    parser = load_command_class("django_venturi", "venturi_worker").create_parser(
+        "manage.py", "venturi_worker"
+    )
+    port = parser.parse_args(command[3:]).health_port
+    assert f"- {{name: health, containerPort: {port}}}" in deployment
+    assert "httpGet: {path: /livez, port: health}" in deployment
+    assert "httpGet: {path: /readyz, port: health}" in deployment
