@@ -57,12 +57,14 @@ class WorkerProbes:
         """Set once the worker was asked to stop (or stops on a failure)."""
 
     def alive(self) -> Answer:
+        """Alive unless a part of the worker stalled (by the liveness watch's rule)."""
         stall = self.watch.found or self.watch.progress.stall(self.watch.bound)
         if stall is not None:
             return Answer(False, f"stalled: {stall}")
         return Answer(True, "alive")
 
     def ready(self) -> Answer:
+        """Ready when alive, claiming, connected, and its heartbeat written within the grace."""
         alive = self.alive()
         if not alive.ok:
             return alive
