@@ -294,3 +294,81 @@ def test_an_operator_finds_a_failed_job_retries_it_and_reads_the_stats(
     expect(page.locator(".venturi-preview")).to_contain_text("This deletes 0 jobs")
     screenshot(page, "8-cleanup")
     page.close()
+
+
+BREADCRUMBS_LOOK = """() => {
+    const crumbs = document.querySelector(".breadcrumbs");
+    if (crumbs === null) return null;
+    const style = getComputedStyle(crumbs);
+    const box = crumbs.getBoundingClientRect();
+    const link = crumbs.querySelector("a");
+    return {
+        tag: crumbs.tagName,
+        background: style.backgroundColor,
+        color: style.color,
+        padding: [style.paddingTop, style.paddingRight, style.paddingBottom, style.paddingLeft],
+        margin: [style.marginTop, style.marginLeft],
+        left: box.left,
+        width: box.width,
+        height: box.height,
+        font: [style.fontSize, style.lineHeight],
+        link: link === null ? null : getComputedStyle(link).color,
+    };
+}"""
+
+
+def breadcrumbs_look(page: Page) -> dict[str, object] | None:
+    """The computed look of the page's `.breadcrumbs` element (None: the page has none)."""
+    look = page.evaluate(BREADCRUMBS_LOOK)
+    return None if look is None else dict(look)
+
+
+def crumb_links(page: Page) -> list[str]:
+    """Where the breadcrumbs' links go, in order."""
+    return [str(link.get_attribute("href")) for link in page.locator(".breadcrumbs a").all()]
+
+
+def test_the_custom_pages_breadcrumbs_look_like_the_admins_own(
+    browser: Browser, example_site: str
+) -> None:
+    """Stats, cleanup, periodic tasks and an action's confirmation page: their breadcrumbs
+    have the job list's computed look on the running Django version.
+
+    Django 6.1 styles only `<ol class="breadcrumbs">`; the pages' old `<div>` showed
+    there as plain text against the left edge.
+    """
+    from playwright.sync_api import expect
+
+    page = logged_in_page(browser, example_site, 1366, 768)
+    admins_own = breadcrumbs_look(page)
+    assert admins_own is not None
+    assert admins_own["background"] not in ("rgba(0, 0, 0, 0)", "transparent"), admins_own
+    looks = {}
+    trails = {}
+    pages = {
+        "stats": "/admin/django_venturi/job/stats/",
+        "cleanup": "/admin/django_venturi/job/cleanup/",
+        "periodic tasks": "/admin/django_venturi/periodictask/",
+    }
+    for name, url in pages.items():
+        page.goto(example_site + url)
+        expect(page.locator("#content")).to_be_visible()
+        looks[name] = breadcrumbs_look(page)
+        trails[name] = crumb_links(page)
+    page.goto(f"{example_site}/admin/django_venturi/job/")
+    page.locator("#result_list tbody tr").first.locator("input.action-select").check()
+    page.select_option("select[name=action]", "retry_now")
+    page.click("button[name=index]")
+    expect(page.get_by_role("heading", name="Retry these jobs now?")).to_be_visible()
+    looks["confirmation"] = breadcrumbs_look(page)
+    trails["confirmation"] = crumb_links(page)
+    screenshot(page, "breadcrumbs-confirmation")
+    page.close()
+    assert looks == dict.fromkeys(looks, admins_own)
+    app = ["/admin/", "/admin/django_venturi/"]
+    assert trails == {
+        "stats": [*app, "/admin/django_venturi/job/"],
+        "cleanup": [*app, "/admin/django_venturi/job/"],
+        "periodic tasks": app,
+        "confirmation": [*app, "/admin/django_venturi/job/"],
+    }

@@ -13,7 +13,8 @@ else: it is the top of the house.
 - `cleanup`: the cleanup page for old finished jobs;
 - `stats`: the stats page: live counts, latency, orphans, the last hour and its chart;
 - `pauses`: the stats page's pause and resume buttons;
-- `display`: the small formatting helpers the pages share (times, ages, cut cells, JSON).
+- `display`: the small formatting helpers the pages share (times, ages, cut cells, JSON);
+- `breadcrumbs`: the own pages' breadcrumbs, in the running Django admin's own markup.
 """
 
 from django_venturi.admin import jobs, journal, periodic  # noqa: F401 - registers the admins

@@ -21,6 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
+from django_venturi.admin.breadcrumbs import job_page_breadcrumbs
 from django_venturi.admin.display import jobs
 from django_venturi.admin.job_list import typed_job_id
 from django_venturi.models import Job
@@ -164,9 +165,11 @@ def confirm(
     """The intermediate page: the selection again, with a button that posts it back."""
     listed = list(queryset.order_by("-id")[:CONFIRM_LISTED])
     total = queryset.count() if len(listed) == CONFIRM_LISTED else len(listed)
+    request.current_app = model_admin.admin_site.name
     context = {
         **model_admin.admin_site.each_context(request),
         "title": action.title,
+        "breadcrumbs": job_page_breadcrumbs(model_admin, request, action.title),
         "explanation": action.explanation,
         "opts": model_admin.model._meta,
         "action": action.name,
@@ -176,5 +179,4 @@ def confirm(
         "select_across": request.POST.get("select_across", "0"),
         "action_checkbox_name": ACTION_CHECKBOX_NAME,
     }
-    request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/django_venturi/job/confirm_action.html", context)

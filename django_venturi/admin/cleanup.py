@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from django_venturi.admin.breadcrumbs import job_page_breadcrumbs
 from django_venturi.conf import as_age, venturi_settings
 from django_venturi.models import Job
 from django_venturi.states import FINISHED_STATES
@@ -59,12 +60,13 @@ def cleanup_page(model_admin: admin.ModelAdmin[Job], request: HttpRequest) -> Ht
             )
             return HttpResponseRedirect(reverse("admin:django_venturi_job_changelist"))
         preview = cleanup(dry_run=True, **options)
+    request.current_app = model_admin.admin_site.name
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Clean up finished jobs",
+        "breadcrumbs": job_page_breadcrumbs(model_admin, request, "Clean up finished jobs"),
         "opts": model_admin.model._meta,
         "form": form,
         "preview": preview,
     }
-    request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/django_venturi/job/cleanup.html", context)

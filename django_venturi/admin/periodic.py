@@ -21,6 +21,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from django_venturi.admin.breadcrumbs import model_list_breadcrumbs
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job, PeriodicTask, PeriodicTick
 from django_venturi.periodic import Schedule, schedules
@@ -99,9 +100,11 @@ class PeriodicTaskAdmin(PeriodicTaskAdminBase):
     ) -> TemplateResponse:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
+        request.current_app = self.admin_site.name
         context = {
             **self.admin_site.each_context(request),
             "title": "Periodic tasks",
+            "breadcrumbs": model_list_breadcrumbs(self, request),
             "opts": self.model._meta,
             "rows": schedule_rows(venturi_settings.DATABASE),
             **(extra_context or {}),

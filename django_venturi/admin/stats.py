@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from django_venturi.admin import pauses as pause_admin
+from django_venturi.admin.breadcrumbs import job_page_breadcrumbs
 from django_venturi.admin.display import short_age
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job, JournalEntry
@@ -33,9 +34,11 @@ MAX_REFRESH_SECONDS = 86_400
 def stats_page(model_admin: admin.ModelAdmin[Job], request: HttpRequest) -> TemplateResponse:
     """The page, from one snapshot (the caller checked the permission)."""
     snapshot = stats(using=venturi_settings.DATABASE)
+    request.current_app = model_admin.admin_site.name
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Queue stats",
+        "breadcrumbs": job_page_breadcrumbs(model_admin, request, "Queue stats"),
         "opts": model_admin.model._meta,
         "snapshot": snapshot,
         "live_rows": live_rows(snapshot),
@@ -51,7 +54,6 @@ def stats_page(model_admin: admin.ModelAdmin[Job], request: HttpRequest) -> Temp
         "refresh": refresh_seconds(request),
         **pause_admin.pause_context(request, snapshot),
     }
-    request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/django_venturi/job/stats.html", context)
 
 

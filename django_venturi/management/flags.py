@@ -29,6 +29,8 @@ MAX_STALE_AFTER_SECONDS = 7 * 86_400.0
 """The largest `venturi_stats --stale-after`: a week."""
 MAX_CLEANUP_BATCH_SIZE = 100_000
 """The most jobs `venturi_cleanup` deletes per transaction (`--batch-size`)."""
+MAX_PORT = 65_535
+"""The largest TCP port (`venturi_worker --health-port`)."""
 
 
 def whole_number(*, low: int, high: int) -> Callable[[str], int]:
@@ -88,6 +90,16 @@ stale_after = seconds(high=MAX_STALE_AFTER_SECONDS)
 """`venturi_stats --stale-after`."""
 cleanup_batch_size = whole_number(low=1, high=MAX_CLEANUP_BATCH_SIZE)
 """`venturi_cleanup --batch-size`."""
+health_port = whole_number(low=0, high=MAX_PORT)
+"""`venturi_worker --health-port`: 0 serves no health endpoint."""
+
+
+def host(text: str) -> str:
+    """`--health-host`: an address or host name to listen on (is it there: binding says)."""
+    name = text.strip()
+    if not name or any(character.isspace() for character in name):
+        raise argparse.ArgumentTypeError(f"{reprlib.repr(text)} is not an address or host name")
+    return name[1:-1] if name.startswith("[") and name.endswith("]") else name
 
 
 def database_alias(text: str) -> str:

@@ -3,8 +3,9 @@
 Claiming (`claimer`), running handlers (`handlers`, `execution`), writing
 results (`results`), heartbeating (`heartbeats`), listening (`listener`), the
 sweeper, pause watch, timeouts and the orphan-kind watch; `process.Worker`
-builds them and owns their lives. `inline` runs a job the same way in the
-caller's thread (eager mode, `testing.drain()`).
+builds them and owns their lives. `probes` says whether the worker is alive and
+ready, and `health_server` answers that over HTTP (`--health-port`). `inline`
+runs a job the same way in the caller's thread (eager mode, `testing.drain()`).
 
 May import: `store/`, `payloads/`, `observe/` (the telemetry it reports) and
 `tasks_backend/` (the runner of Django Tasks jobs), and the top-level modules.

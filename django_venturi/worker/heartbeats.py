@@ -82,6 +82,8 @@ class Heartbeat(Service):
         self._on_cancel = on_cancel
         self._orphan_watch = orphan_watch
         self._see_peers = see_peers
+        self.written_at: float | None = None
+        """When (`time.monotonic()`) a beat or the registration was last written."""
         self._done = threading.Event()
         self._streak = Streak()
         self._next_audit = time.monotonic() + ORPHAN_AUDIT_BEATS * interval
@@ -108,11 +110,17 @@ class Heartbeat(Service):
             if busy is None:
                 wait = min(self.interval, self.health.delay(self._streak.count))
                 continue
+            self.written_at = time.monotonic()
             wait = BUSY_RETRY if busy else self.interval
             if self._orphan_watch is not None:
                 self.health.guarded(
                     self._orphan_watch.look_if_due, what="looking for jobs no worker can run"
                 )
+
+    def register(self) -> None:
+        """Register the worker at its start: its first heartbeat, in effect."""
+        self._register()
+        self.written_at = time.monotonic()
 
     def beat(self) -> int:
         """One heartbeat; return how many held runs' rows were locked by others."""

@@ -85,6 +85,10 @@ class Progress:
         finally:
             self.waiting(part)
 
+    def has_begun(self, part: str) -> bool:
+        """Whether `part` ever said where it is (a loop that has started, or has ended)."""
+        return part in self._busy_since
+
     def stall(self, bound: float | None) -> Stall | None:
         """The part at work the longest, if for more than `bound` seconds."""
         if bound is None:
@@ -110,6 +114,8 @@ class Watch:
         self.progress = progress
         self.bound = None if bound is None else bound.total_seconds()
         self._on_stall = on_stall
+        self.found: Stall | None = None
+        """The stall it found (it looks no more): the worker is stopping for good."""
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._look, name="venturi-liveness", daemon=True)
 
@@ -126,5 +132,6 @@ class Watch:
         while not self._done.wait(every):
             stall = self.progress.stall(self.bound)
             if stall is not None:
+                self.found = stall
                 self._on_stall(stall)
                 return

@@ -57,6 +57,7 @@ from django_venturi.worker.listener import Listener, listener_alias
 from django_venturi.worker.liveness import STALL_EXIT_WAIT, START_UP, Progress, Stall, Watch
 from django_venturi.worker.orphan_watch import OrphanWatch
 from django_venturi.worker.pause_watch import PauseWatch
+from django_venturi.worker.probes import WorkerProbes
 from django_venturi.worker.results import ResultsWriter
 from django_venturi.worker.run_events import RunEvents
 from django_venturi.worker.runs import Runs
@@ -170,6 +171,8 @@ class Worker:
             stalled=self._stalled_event,
             on_alive=systemd.watchdog,
         )
+        self.probes = WorkerProbes(self.liveness, self.health, self.heartbeat, stopping=self._stop)
+        """Whether it is alive and ready (`venturi_worker --health-port` serves them)."""
         listening = connections[self.database].vendor == "postgresql"
         self.wake_order = (
             WakeOrder(worker=self.name, queues=self.queues, kinds=self.kinds) if listening else None
@@ -253,7 +256,7 @@ class Worker:
         telemetry.install(database=self.database)
         self._start_services()
         with self.progress.watching(START_UP):  # watched as the loops are: it may hang too
-            self.health.guarded(self._register, what="registering the worker")
+            self.health.guarded(self.heartbeat.register, what="registering the worker")
             self.health.guarded(
                 self.orphan_watch.look_at_start, what="looking for jobs no worker can run"
             )

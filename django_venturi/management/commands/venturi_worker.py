@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import atexit
 import difflib
+import errno
 import gc
 import logging
 import os
+import socket
 import sys
 import threading
 from typing import Any, NoReturn
@@ -28,6 +30,7 @@ from django_venturi.management import flags
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
 from django_venturi.worker.first_contact import DatabaseUnreachable
+from django_venturi.worker.health_server import DEFAULT_HOST, HealthServer
 from django_venturi.worker.log import stderr_handler
 from django_venturi.worker.log_queue import LogQueue
 from django_venturi.worker.process import Worker, WorkerFailed
@@ -106,6 +109,22 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once no job is running and none is due."
         )
+        parser.add_argument(
+            "--health-port",
+            type=flags.health_port,
+            default=0,
+            metavar="PORT",
+            help="Serve GET /livez and /readyz over HTTP on this port, for Kubernetes probes "
+            "(default: 0, none). Each worker on a host needs a port of its own.",
+        )
+        parser.add_argument(
+            "--health-host",
+            type=flags.host,
+            default=DEFAULT_HOST,
+            metavar="ADDRESS",
+            help=f"The address --health-port listens on (default: {DEFAULT_HOST}, every IPv4 "
+            "interface; 127.0.0.1 for local checks only, :: for IPv6).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
@@ -126,6 +145,7 @@ class Command(BaseCommand):
             kind_concurrency=options["kind_concurrency"],
             list_kinds=options["verbosity"] >= 2,
         )
+        health = health_server(worker, options["health_host"], options["health_port"])
         restore = worker.install_signal_handlers()
         log = LogQueue() if self.own_process else None
         if log is not None:
@@ -153,6 +173,8 @@ class Command(BaseCommand):
             raise CommandError(f"the worker stopped: {error}") from None
         finally:
             restore()
+            if health is not None:
+                health.stop()
             self.left_running = worker.left_running
             if log is not None and not log.uninstall():
                 self.left_running += 1  # nothing more is written: end without waiting
@@ -218,6 +240,32 @@ class Command(BaseCommand):
             return
         logger.addHandler(stderr_handler())
         logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+def health_server(worker: Worker, host: str, port: int) -> HealthServer | None:
+    """The worker's `/livez` and `/readyz` at `host`:`port`, serving (None for port 0).
+
+    A port that cannot be had stops the worker here, before it waits for anything."""
+    if not port:
+        return None
+    try:
+        server = HealthServer(worker.probes, host=host, port=port)
+    except OSError as error:
+        raise CommandError(cannot_listen(host, port, error)) from None
+    server.start()
+    return server
+
+
+def cannot_listen(host: str, port: int, error: OSError) -> str:
+    """Why the health endpoint cannot have `host`:`port`, naming the flag to change."""
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"--health-port {port}: port {port} is already in use on {host}; give each worker "
+            "on a host a port of its own (or --health-port 0 for none)"
+        )
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        return f"--health-host {host}: cannot listen on {host}:{port} ({error})"
+    return f"--health-port {port}: cannot listen on {host}:{port} ({error})"
 
 
 def unknown_kind(kind: str, known: list[str]) -> str:
