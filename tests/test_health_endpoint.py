@@ -13,7 +13,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,17 +20,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.core.management import load_command_class
 from django.db import connections
-from django.test import override_settings
 
 from django_venturi.models import WorkerProcess
 from django_venturi.worker.health_server import HealthServer
-from django_venturi.worker.process import Worker, WorkerFailed
 from tests import cluster_workers
-from tests.conftest import ROOT, Workers, django_command, in_thread, result_of, wait_until
+from tests.conftest import ROOT, Workers, django_command, wait_until
 from tests.tcp_proxy import TcpProxy, free_port
+from tests.test_liveness import worker_stuck_at_start_up
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
@@ -154,23 +151,10 @@ def test_a_port_in_use_stops_the_worker_at_its_start_naming_the_flag() -> None:
 
 def test_a_stalled_worker_is_neither_alive_nor_ready() -> None:
     """A start-up step that never returns (as in test_liveness): the watch sees the stall."""
-    stuck = threading.Event()
-    release = threading.Event()
-
-    def hangs() -> list[object]:
-        stuck.set()
-        release.wait(60)
-        return []
-
-    quick_stall = {**django_settings.VENTURI, "STALL_TIMEOUT": 1, "HEARTBEAT_INTERVAL": 0.3}
-    with override_settings(VENTURI=quick_stall):
-        worker = Worker(database="default", concurrency=1)
-        worker.orphan_watch.look_at_start = hangs  # type: ignore[method-assign]
+    with worker_stuck_at_start_up() as worker:
         server = HealthServer(worker.probes, host=LOCAL, port=0)
         server.start()
-        thread, box = in_thread(worker.run)
         try:
-            assert stuck.wait(30), "the worker reached its first look"
             assert probe(server.port, "/livez") == (200, "alive\n"), "not stalled yet"
             wait_until(answers(server.port, "/livez", 503), timeout=30, message="the stall")
             wait_until(lambda: worker.liveness.found, timeout=30, message="the watch's verdict")
@@ -178,12 +162,7 @@ def test_a_stalled_worker_is_neither_alive_nor_ready() -> None:
             assert reason.startswith("stalled: its start-up made no progress for "), reason
             assert probe(server.port, "/readyz")[0] == 503
         finally:
-            release.set()
-            worker.stop(force=True)
-            thread.join(timeout=60)
             server.stop()
-    with pytest.raises(WorkerFailed, match="its start-up made no progress"):
-        result_of(thread, box)
 
 
 def test_the_docs_show_one_deployment_and_one_unit_whose_probes_fit_the_worker() -> None:

@@ -11,6 +11,7 @@ runs it has not started, and exits non-zero; so does one stuck in a start-up ste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -229,13 +230,11 @@ def test_a_worker_whose_connections_never_answer_again_exits_non_zero(
     assert "made no progress" in output, output[-3000:]
 
 
-def test_a_worker_stuck_in_a_start_up_step_stops_looking_alive(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Between the services' start and the claim loop the worker registers and takes
-    its first look for orphan kinds. A statement of those that never returns (its
-    connection forgotten by a dead NAT as it ran, say) left a worker registered and
-    beating that never claimed: nothing watched the start-up. It stalls as a loop does."""
+@contextlib.contextmanager
+def worker_stuck_at_start_up() -> Iterator[Worker]:
+    """A worker in a thread of this process whose first look for orphan kinds never
+    returns (`STALL_TIMEOUT` 1 s): yields it once it is stuck there. On leaving, the
+    step is released and the worker stopped; it must have failed on the stall."""
     stuck = threading.Event()
     release = threading.Event()
 
@@ -251,14 +250,25 @@ def test_a_worker_stuck_in_a_start_up_step_stops_looking_alive(
         thread, box = in_thread(worker.run)
         try:
             assert stuck.wait(30), "the worker reached its first look"
-            wait_until(
-                lambda: "its start-up made no progress" in caplog.text,
-                timeout=30,
-                message="the stall, while the step still hangs",
-            )
+            yield worker
         finally:
             release.set()
             worker.stop(force=True)  # a no-op once it stalled
             thread.join(timeout=60)
     with pytest.raises(WorkerFailed, match="its start-up made no progress"):
         result_of(thread, box)
+
+
+def test_a_worker_stuck_in_a_start_up_step_stops_looking_alive(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Between the services' start and the claim loop the worker registers and takes
+    its first look for orphan kinds. A statement of those that never returns (its
+    connection forgotten by a dead NAT as it ran, say) left a worker registered and
+    beating that never claimed: nothing watched the start-up. It stalls as a loop does."""
+    with worker_stuck_at_start_up():
+        wait_until(
+            lambda: "its start-up made no progress" in caplog.text,
+            timeout=30,
+            message="the stall, while the step still hangs",
+        )

@@ -126,15 +126,12 @@ SELECT set_config('venturi.caps_locked',
                   CASE WHEN pg_try_advisory_xact_lock(%(key)s) THEN 'on' ELSE 'off' END,
                   true) = 'on',
        EXISTS (SELECT FROM {table} WHERE state = 'ready'
-                                     AND kind = ANY(%(serialised_kinds)s::text[]))
-"""
+                                     AND kind = ANY(%(serialised_kinds)s::text[]))"""
 
-_TAKE_CAPS_LOCK = """
-SELECT set_config('venturi.caps_locked',
-                  CASE WHEN pg_try_advisory_xact_lock(%(key)s) THEN 'on' ELSE 'off' END,
-                  true) = 'on',
-       EXISTS (SELECT FROM {table} WHERE state = 'ready'
-                                     AND kind = ANY(%(serialised_kinds)s::text[])),
+# The same, with the bounds of the claim's transaction (`CAPS_LOCK_HOLD`).
+_TAKE_CAPS_LOCK = (
+    _TRY_CAPS_LOCK
+    + """,
        set_config('idle_in_transaction_session_timeout', %(hold)s, true),
        set_config('lock_timeout', %(hold)s, true),
        -- TCP_USER_TIMEOUT is Linux's; elsewhere the setting stays as it is.
@@ -142,6 +139,7 @@ SELECT set_config('venturi.caps_locked',
                   CASE WHEN version() ILIKE '%%linux%%' THEN %(hold)s
                        ELSE current_setting('tcp_user_timeout') END, true)
 """
+)
 
 
 def claim(
@@ -241,7 +239,7 @@ def _claim_postgresql(
     bounded = not connections[alias].in_atomic_block
     lock = (
         _caps_lock_sql(alias, bounded),
-        {"key": CAPS_LOCK_KEY, "hold": _HOLD, "serialised_kinds": request.serialised_kinds()},
+        {"key": CAPS_LOCK_KEY, "hold": _HOLD, "serialised_kinds": params["serialised_kinds"]},
     )
     try:
         locked, rows = statements.fetch_pair(alias, lock, (sql, params), session=session)
