@@ -87,6 +87,23 @@ def test_a_rate_limit_at_its_window_counts_as_left_behind(alias: str) -> None:
     assert claimed.left_behind
 
 
+def test_an_empty_claim_with_nothing_due_left_nothing_behind(alias: str) -> None:
+    """An idle worker called for a job its peer took: quiet afterwards, or its peer's
+    next verdict would make it claim again for nothing."""
+    claimed = take(alias)
+    assert len(claimed) == 0
+    assert not claimed.left_behind and not claimed.counted_later
+
+
+def test_an_empty_claim_whose_cap_turned_every_due_job_away_says_so(alias: str) -> None:
+    venturi.enqueue_many([KeyCapped(account="a") for _ in range(2)], using=alias)
+    assert len(take(alias)) == 2  # the key is at its cap now
+    KeyCapped(account="a").enqueue(using=alias)
+    claimed = take(alias)
+    assert len(claimed) == 0
+    assert claimed.left_behind
+
+
 def test_a_paused_capped_kind_is_not_left_behind(alias: str) -> None:
     """A resume wakes the workers: nothing to claim again for."""
     pauses.pause(kind="tests.key_capped", using=alias)

@@ -256,22 +256,34 @@ def test_with_four_idle_workers_an_enqueue_costs_at_most_two_claims(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_runs_at_once_on_a_free_worker_when_the_called_ones_are_full(
-    workers: Workers, monkeypatch: pytest.MonkeyPatch
+    workers: Workers, monkeypatch: pytest.MonkeyPatch, claim_counter: None
 ) -> None:
     """The first two hold as many jobs as they can: they hand the call on."""
     start_idle_workers(workers, monkeypatch, 3, "--concurrency", "1")
     ranked = sorted(WorkerProcess.objects.values_list("name", "pid"))
     first_two = {pid for _, pid in ranked[:2]}
     (_, third) = ranked[2]
-    # Each of the first two claims two (one running, one buffered): both are full.
-    blockers = venturi.enqueue_many([tasks.Sleeper(seconds=60) for _ in range(4)])
-    wait_until(
-        lambda: Job.objects.filter(state="running").count() == 4, message="four jobs claimed"
-    )
-    holders = set(
-        Job.objects.filter(pk__in=[job.pk for job in blockers]).values_list("claimed_by", flat=True)
-    )
-    assert holders == {name for name, _ in ranked[:2]}, "the first two workers took the four"
+    (third_process,) = [p for p in workers.processes if p.pid == third]
+    # Each of the first two claims two (one running, one buffered): both are full. The
+    # first claim to come back full hands its call on to the third, frozen meanwhile:
+    # its claim would race the second one's for the four.
+    third_process.send_signal(signal.SIGSTOP)
+    try:
+        blockers = venturi.enqueue_many([tasks.Sleeper(seconds=60) for _ in range(4)])
+        wait_until(
+            lambda: Job.objects.filter(state="running").count() == 4, message="four jobs claimed"
+        )
+        holders = set(
+            Job.objects.filter(pk__in=[job.pk for job in blockers]).values_list(
+                "claimed_by", flat=True
+            )
+        )
+        assert holders == {name for name, _ in ranked[:2]}, "the first two workers took the four"
+        # Full, the first two claim no more: the next claim is the third one's.
+        before = claims()
+    finally:
+        third_process.send_signal(signal.SIGCONT)
+    wait_until(lambda: claims() > before, message="the third worker to answer the call")
     enqueued = tasks.Sleeper(seconds=0).enqueue()
     # Within half a minute: not at a minute's poll, nor after a blocker's minute.
     record = wait_until(lambda: ran(enqueued), timeout=30, message="the new job to run")

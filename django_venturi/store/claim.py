@@ -267,8 +267,8 @@ def _claim_postgresql(
 
 def _left_behind(request: ClaimRequest, rows: list[tuple[Any, ...]]) -> bool:
     """Whether the claim may have passed over due jobs of capped or rate-limited kinds:
-    the full claim's last column (`claim_statement._LEFT_BEHIND`); an empty claim
-    returns no row to tell, so a limited one is taken to have."""
+    the full claim's last column (`claim_statement._LEFT_BEHIND_TAIL`), on a row of
+    its own, without a job, when it took nothing."""
     if not request.limited:
         return False
     return bool(rows[0][-1]) if rows else True
@@ -312,6 +312,7 @@ def _claimed(rows: list[tuple[Any, ...]], token: uuid.UUID, sent: float) -> list
             fair_key=row[13],
         )
         for row in rows
+        if row[0] is not None  # the full claim's row when it took nothing
     ]
 
 

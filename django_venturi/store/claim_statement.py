@@ -215,7 +215,9 @@ leased AS (
     SELECT chosen.id, coalesce(leases.seconds, %(prefix_lease_seconds)s::float8) AS seconds,
            {fair_turn} AS fair_turn
     FROM chosen LEFT JOIN leases ON leases.kind = chosen.kind
-)
+){update}"""
+
+_UPDATE = """
 UPDATE {table} AS job
 SET state = 'running',
     attempt = job.attempt + 1,
@@ -231,13 +233,15 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 -- binary, where psycopg would decode jsonb itself; Django's loads it as text).
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
           job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
-          job.dependents > 0, job.dedup_key IS NOT NULL, job.fair_key, leased.fair_turn{left_behind}
-"""
+          job.dependents > 0, job.dedup_key IS NOT NULL, job.fair_key, leased.fair_turn"""
 
-# The full claim's last column: whether it may have passed over due jobs of capped or
-# rate-limited kinds (`Claimed.left_behind`): the pool held rows the limits turned
+# The full claim's rows end with whether it may have passed over due jobs of capped
+# or rate-limited kinds (`Claimed.left_behind`): the pool held rows the limits turned
 # away, or a limited kind (or one of its keys) was out of the scan for its limit.
-_LEFT_BEHIND = """,
+# A claim that took nothing returns one row too, with no job, to tell it.
+_LEFT_BEHIND_TAIL = """,
+claimed AS ({update})
+SELECT claimed.*, flag.left_behind FROM claimed RIGHT JOIN (SELECT
           (SELECT count(*) FROM pool) > (SELECT count(*) FROM chosen)
           OR EXISTS (SELECT FROM full_keys) OR EXISTS (SELECT FROM exhausted)
           -- Out of the scan for a limit: not for a pause (a resume wakes the workers),
@@ -246,7 +250,8 @@ _LEFT_BEHIND = """,
                      WHERE limited.kind <> ALL((SELECT kinds FROM eligible)::text[])
                        AND limited.kind <> ALL((SELECT names FROM paused_kinds)::text[])
                        AND ((SELECT held FROM locked)
-                            OR limited.kind <> ALL(%(serialised_kinds)s::text[])))"""
+                            OR limited.kind <> ALL(%(serialised_kinds)s::text[])))
+    AS left_behind) AS flag ON true"""
 
 # The claim when no claimable kind is capped or rate-limited (the common case):
 # the same selection without the CTEs that count running jobs and starts, which
@@ -346,17 +351,23 @@ def fragments(alias: str, listed_queues: bool, *, shape: Shape = "lean") -> dict
         ),
         "eligible_unpaused": ELIGIBLE_UNPAUSED,
         "fair": FAIR_CTES.format(**tables, **rows) if fair else UNFAIR_POOL,
-        "claim_tail": _CLAIM_TAIL.format(
-            **tables,
-            fair_turn="chosen.fair_turn" if fair else "NULL::bigint",
-            left_behind=_LEFT_BEHIND if shape in ("full", "full_fair") else "",
-        ),
+        "claim_tail": _claim_tail(tables, fair=fair, flagged=shape in ("full", "full_fair")),
         "tiers": _TURNS,
         "slot_turns": _SLOT_TURNS,
         "slot_joins": _SLOT_JOINS,
         "queued": _QUEUED.format(place_id=place_id),
         "tier_turn": _TIER_TURN.format(place_id=place_id),
     }
+
+
+def _claim_tail(tables: dict[str, str], *, fair: bool, flagged: bool) -> str:
+    """The leases and the update of the chosen jobs; `flagged`: the rows end with
+    `_LEFT_BEHIND_TAIL`'s flag, and a claim that took nothing returns it alone."""
+    update = _UPDATE.format(**tables)
+    return _CLAIM_TAIL.format(
+        fair_turn="chosen.fair_turn" if fair else "NULL::bigint",
+        update=_LEFT_BEHIND_TAIL.format(update=update) if flagged else update,
+    )
 
 
 @functools.cache
