@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "PERIODIC_CATCH_UP": None,
     "RETENTION": None,
     "METRICS": False,
+    "TRACE_URL": None,
     "MAX_PAYLOAD_BYTES": 1_000_000,
     "STALL_TIMEOUT": timedelta(seconds=60),
 }
@@ -221,6 +222,12 @@ class VenturiSettings:
     def METRICS(self) -> bool:
         """Record OpenTelemetry metrics and spans (needs the `metrics` extra)."""
         return bool(self._get("METRICS"))
+
+    @property
+    def TRACE_URL(self) -> str | None:
+        """Where the job page links a job's trace: a format string with `{trace_id}`."""
+        value = self._get("TRACE_URL")
+        return None if value is None else str(value)
 
     @property
     def STALL_TIMEOUT(self) -> timedelta | None:

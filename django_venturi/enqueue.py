@@ -27,6 +27,7 @@ from django.db.models import NOT_PROVIDED, signals
 from django.db.models.base import ModelState
 from django.utils import timezone
 
+from django_venturi import tracing
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job
 from django_venturi.payloads.size import PayloadTooLarge, check_size
@@ -69,6 +70,8 @@ class NewJob:
     """The payload's size, in bytes of compact JSON (`payloads.size.encoded_size`)."""
     fair_key: str | None = None
     """The value of the task's `fair_by` field, as the claim takes turns by it."""
+    trace_context: dict[str, str] | None = None
+    """The W3C headers of the span that enqueued it (`tracing.py`), with `METRICS` on."""
 
 
 def job_database(using: str | None) -> str:
@@ -141,6 +144,10 @@ def enqueue_many(
         except PayloadTooLarge as error:
             raise error.in_batch(index, len(given)) from None
         new_jobs.append(job)
+    context = tracing.current()  # one span enqueues the whole batch
+    if context is not None:
+        for job in new_jobs:
+            job.trace_context = context
     alias = job_database(using)
     with missing_tables.explaining(alias):  # before `migrate`: say so
         return _write(alias, new_jobs, after, after_failure)
@@ -273,9 +280,9 @@ def _insert(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
 _INSERT_ONE_SQL = """
     WITH inserted AS (
         INSERT INTO {table}
-            (kind, queue, priority, state, payload, fair_key, attempt, failures,
-             run_at, enqueued_at, claimed_by, last_error)
-        VALUES (%s, %s, %s, %s, %s::jsonb, %s, 0, 0,
+            (kind, queue, priority, state, payload, fair_key, trace_context, attempt,
+             failures, run_at, enqueued_at, claimed_by, last_error)
+        VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, 0, 0,
                 coalesce(%s::timestamptz, now() + coalesce(%s::interval, interval '0')),
                 now(), '', '')
         RETURNING id, queue, run_at, enqueued_at
@@ -294,6 +301,7 @@ def _insert_one_postgresql(alias: str, job: NewJob) -> Job:
         State.READY.value,
         json.dumps(job.payload),
         job.fair_key,
+        _trace_parameter(job.trace_context),
         job.run_at,
         job.delay,
         venturi_settings.NOTIFY_CHANNEL,
@@ -315,7 +323,12 @@ def _formatted(template: str, table: str) -> str:
 def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
     if len(new_jobs) == 1:
         return [_insert_one_postgresql(alias, new_jobs[0])]
-    params = [_rows_document(new_jobs), State.READY.value, venturi_settings.NOTIFY_CHANNEL]
+    params = [
+        _rows_document(new_jobs),
+        State.READY.value,
+        _trace_parameter(new_jobs[0].trace_context),  # one enqueue_many: one span
+        venturi_settings.NOTIFY_CHANNEL,
+    ]
     rows = statements.fetch(alias, _on_job_table(alias, _INSERT_MANY_SQL), params)
     return _loaded_many(alias, new_jobs, rows)
 
@@ -337,9 +350,9 @@ _INSERT_MANY_SQL = """
     ),
     inserted AS (
         INSERT INTO {table}
-            (kind, queue, priority, state, payload, fair_key, attempt, failures,
-             run_at, enqueued_at, claimed_by, last_error)
-        SELECT kind, queue, priority, %s, payload, fair_key, 0, 0,
+            (kind, queue, priority, state, payload, fair_key, trace_context, attempt,
+             failures, run_at, enqueued_at, claimed_by, last_error)
+        SELECT kind, queue, priority, %s, payload, fair_key, %s::jsonb, 0, 0,
                coalesce(run_at, now() + coalesce(delay, interval '0')), now(), '', ''
         FROM rows ORDER BY ord
         RETURNING id, queue, run_at, enqueued_at
@@ -350,6 +363,11 @@ _INSERT_MANY_SQL = """
     SELECT id, run_at, enqueued_at, (SELECT count(*) FROM notified) FROM inserted
     ORDER BY id
 """
+
+
+def _trace_parameter(context: dict[str, str] | None) -> str | None:
+    """A trace context as the statements take it: jsonb text, or NULL."""
+    return None if context is None else json.dumps(context)
 
 
 def _rows_document(new_jobs: Sequence[NewJob]) -> str:
@@ -383,6 +401,7 @@ def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
             payload=job.payload,
             dedup_key=job.dedup_key,
             fair_key=job.fair_key,
+            trace_context=job.trace_context,
             run_at=job.run_at or now + (job.delay or timedelta(0)),
             enqueued_at=now,
         )
@@ -394,9 +413,9 @@ def _insert_orm(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
 _INSERT_KEYED_SQL = """
     WITH inserted AS (
         INSERT INTO {table}
-            (kind, queue, priority, state, payload, dedup_key, fair_key, attempt, failures,
-             run_at, enqueued_at, claimed_by, last_error)
-        VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, 0, 0,
+            (kind, queue, priority, state, payload, dedup_key, fair_key, trace_context,
+             attempt, failures, run_at, enqueued_at, claimed_by, last_error)
+        VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, 0, 0,
                 coalesce(%s::timestamptz, now() + coalesce(%s::interval, interval '0')),
                 now(), '', '')
         -- The arbiter is the partial unique index on ready jobs of a key.
@@ -425,6 +444,7 @@ def insert_keyed(alias: str, new_job: NewJob) -> Job | None:
         json.dumps(new_job.payload),
         new_job.dedup_key,
         new_job.fair_key,
+        _trace_parameter(new_job.trace_context),
         new_job.run_at,
         new_job.delay,
         venturi_settings.NOTIFY_CHANNEL,
@@ -467,6 +487,7 @@ def _loaded_many(alias: str, new_jobs: Sequence[NewJob], rows: Sequence[Any]) ->
                 "payload": new_job.payload,
                 "dedup_key": new_job.dedup_key,
                 "fair_key": new_job.fair_key,
+                "trace_context": new_job.trace_context,
                 "merged_count": 0,
             },
         )

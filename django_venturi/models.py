@@ -95,6 +95,12 @@ class Job(models.Model):
         help_text="Jobs enqueued after this one while it was unfinished (its verdict "
         "resolves them).",
     )
+    trace_context = StoredJSONField(
+        null=True,
+        blank=True,
+        help_text="The W3C trace context (traceparent, tracestate) of the span that "
+        "enqueued the job, with METRICS on: each run's span links to it.",
+    )
 
     class Meta:
         indexes = [

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
+from django_venturi import tracing
 from django_venturi.conf import venturi_settings
 from django_venturi.registry import (
     MAX_KIND_LENGTH,
@@ -92,18 +93,21 @@ class Task:
         prepare(self, delay=delay, run_at=run_at, priority=priority, queue=queue)
         waits_for = None if after is None else dependency_ids(after)
         check_after_failure(after_failure)
-        transaction.on_commit(
-            lambda: self.enqueue(
-                delay=delay,
-                run_at=run_at,
-                priority=priority,
-                queue=queue,
-                using=using,
-                after=waits_for,
-                after_failure=after_failure,
-            ),
-            using=job_database(using),
-        )
+        trace_context = tracing.current()  # the span of the ask, not of the commit
+
+        def enqueue() -> None:
+            with tracing.held(trace_context):
+                self.enqueue(
+                    delay=delay,
+                    run_at=run_at,
+                    priority=priority,
+                    queue=queue,
+                    using=using,
+                    after=waits_for,
+                    after_failure=after_failure,
+                )
+
+        transaction.on_commit(enqueue, using=job_database(using))
 
     async def aenqueue(
         self,

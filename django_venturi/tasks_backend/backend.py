@@ -32,6 +32,7 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from django_venturi import tracing
 from django_venturi.conf import venturi_settings
 from django_venturi.registry import MAX_KIND_LENGTH, MAX_QUEUE_LENGTH, validate_name
 from django_venturi.states import Priority, State
@@ -251,9 +252,9 @@ def _problems(backend: VenturiBackend, task: Any) -> Iterable[str]:
 _INSERT_SQL = """
     WITH inserted AS (
         INSERT INTO {table}
-            (kind, queue, priority, rank, state, payload, attempt, failures,
-             run_at, enqueued_at, claimed_by, last_error)
-        VALUES (%s, %s, %s, %s, %s, %s::jsonb, 0, 0,
+            (kind, queue, priority, rank, state, payload, trace_context, attempt,
+             failures, run_at, enqueued_at, claimed_by, last_error)
+        VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, 0, 0,
                 coalesce(%s::timestamptz, now()), now(), '', '')
         RETURNING id, queue, enqueued_at
     )
@@ -273,6 +274,7 @@ def _insert(
 
     connection = connections[alias]
     tier, rank = int(tier_of(priority)), -priority
+    trace_context = tracing.current()
     if connection.vendor != "postgresql":
         now = timezone.now()
         job = Job.objects.using(alias).create(
@@ -282,6 +284,7 @@ def _insert(
             rank=rank,
             state=State.READY,
             payload=payload,
+            trace_context=trace_context,
             run_at=run_at or now,
             enqueued_at=now,
         )
@@ -294,6 +297,7 @@ def _insert(
         rank,
         State.READY.value,
         json.dumps(payload, allow_nan=False),
+        None if trace_context is None else json.dumps(trace_context),
         run_at,
         venturi_settings.NOTIFY_CHANNEL,
     ]
