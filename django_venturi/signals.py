@@ -6,8 +6,10 @@ from django.dispatch import Signal
 
 job_started = Signal()
 """A handler is about to run. Keyword arguments: `job_id`, `kind`, `queue`,
-`attempt`, `worker`. Sent from the handler's thread (sync handlers) or the
-event loop's thread (async handlers), with `sender` = `Worker`."""
+`attempt`, `worker`, `trace_context` (the W3C headers stored at enqueue, a dict
+with `traceparent` and maybe `tracestate`, or None: see `tracing.py`). Sent from
+the handler's thread (sync handlers) or the event loop's thread (async handlers),
+with `sender` = `Worker`."""
 
 job_finished = Signal()
 """A run's outcome was written. Keyword arguments: `job_id`, `kind`, `queue`,

@@ -5,11 +5,14 @@ What a worker records (names follow OpenTelemetry's dotted style):
 - `venturi.job.runs` (counter): finished runs, by `venturi.kind`, `venturi.queue`
   and `venturi.outcome`;
 - `venturi.job.duration` (histogram, seconds): how long handlers ran, same attributes;
-- `venturi.jobs.ready`, `venturi.jobs.running` (observable gauges): live jobs per queue;
+- `venturi.jobs.ready`, `venturi.jobs.due`, `venturi.jobs.waiting`,
+  `venturi.jobs.running` (observable gauges): live jobs per queue (`due`: the ready
+  ones whose time has come, the depth to scale workers on);
 - `venturi.queue.latency` (observable gauge, seconds): how long the oldest due job
   of each queue has waited;
 - one span per execution, `venturi.job <kind>`, from the handler's start to the
-  written outcome; a failed or lost run ends with an error status.
+  written outcome; a failed or lost run ends with an error status. It links to the
+  span that enqueued the job, when its context was stored (`tracing.py`).
 
 The worker calls `install()` at start; it connects receivers to `job_started` and
 `job_finished`. Nothing here imports OpenTelemetry unless metrics are enabled and
@@ -23,7 +26,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from django_venturi import signals
+from django_venturi import signals, tracing
 from django_venturi.conf import venturi_settings
 from django_venturi.states import JournalOutcome
 
@@ -31,13 +34,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-    from opentelemetry.trace import Span, TracerProvider
+    from opentelemetry.trace import Link, Span, TracerProvider
 
     from django_venturi.observe.snapshot import Stats
 
 INSTRUMENTATION = "django_venturi"
 SNAPSHOT_MAX_AGE = 5.0
-"""Seconds one `venturi.stats()` snapshot serves the three gauges (one query set, not three)."""
+"""Seconds one `venturi.stats()` snapshot serves the gauges (one query set, not one each)."""
 FAILED_OUTCOMES = {
     JournalOutcome.RETRY,
     JournalOutcome.FAILED,
@@ -120,6 +123,18 @@ class Telemetry:
             description="Ready jobs per queue (due or scheduled).",
         )
         meter.create_observable_gauge(
+            "venturi.jobs.due",
+            callbacks=[self._observe_due],
+            unit="{job}",
+            description="Ready jobs per queue whose time has come: the backlog to work off.",
+        )
+        meter.create_observable_gauge(
+            "venturi.jobs.waiting",
+            callbacks=[self._observe_waiting],
+            unit="{job}",
+            description="Jobs per queue waiting for their dependencies.",
+        )
+        meter.create_observable_gauge(
             "venturi.jobs.running",
             callbacks=[self._observe_running],
             unit="{job}",
@@ -154,6 +169,7 @@ class Telemetry:
         queue: str,
         attempt: int,
         worker: str,
+        trace_context: Any = None,
         **kwargs: Any,
     ) -> None:
         span = self.tracer.start_span(
@@ -165,6 +181,7 @@ class Telemetry:
                 "venturi.attempt": attempt,
                 "venturi.worker": worker,
             },
+            links=enqueue_links(trace_context),
         )
         with self._lock:
             self._spans[(job_id, attempt)] = span
@@ -228,6 +245,20 @@ class Telemetry:
     def _observe_running(self, options: CallbackOptions) -> Iterable[Observation]:
         return self._per_queue("running")
 
+    def _observe_waiting(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_queue("waiting")
+
+    def _observe_due(self, options: CallbackOptions) -> Iterable[Observation]:
+        from opentelemetry.metrics import Observation
+
+        snapshot = self._stats()
+        # 0 for a queue with live jobs but none due, rather than no point at all.
+        queues = {queue for (_, _, queue) in snapshot.live} | set(snapshot.due)
+        return [
+            Observation(snapshot.due.get(queue, 0), {"venturi.queue": queue})
+            for queue in sorted(queues)
+        ]
+
     def _observe_latency(self, options: CallbackOptions) -> Iterable[Observation]:
         from opentelemetry.metrics import Observation
 
@@ -235,3 +266,22 @@ class Telemetry:
             Observation(age.total_seconds(), {"venturi.queue": queue})
             for queue, age in self._stats().oldest_due_age.items()
         ]
+
+
+def enqueue_links(stored: Any) -> list[Link]:
+    """A link to the span that enqueued a job, from its stored context (none without one).
+
+    A link, not a parent: the run is a trace of its own, which may start long after
+    the request that enqueued it ended, and runs again on a retry.
+    """
+    if tracing.trace_id(stored) is None:
+        return []
+    from opentelemetry import trace
+    from opentelemetry.trace import Link
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    context = TraceContextTextMapPropagator().extract(stored)
+    span_context = trace.get_current_span(context).get_span_context()
+    if not span_context.is_valid:
+        return []
+    return [Link(span_context, attributes={"venturi.link": "enqueued"})]

@@ -55,6 +55,9 @@ class ClaimedJob:
     """Whether it has a dedup key: a follow-up of its key may wait for its verdict."""
     fair_key: str | None = None
     """A fair kind's job: the value of its `fair_by` field (the claim's turns go by it)."""
+    trace_context: dict[str, str] | None = None
+    """The W3C headers of the span that enqueued it (`tracing.py`): its runs' spans link
+    to it."""
 
     def start_after(self, waited: float) -> None:
         """Its handler starts `waited` seconds after the claim: date the run from there.
@@ -102,6 +105,7 @@ class ClaimedJob:
             has_dependents=job.dependents > 0,
             keyed=job.dedup_key is not None,
             fair_key=job.fair_key,
+            trace_context=job.trace_context if with_data else None,
         )
 
 

@@ -239,6 +239,7 @@ class Handlers:
             queue=job.queue,
             attempt=job.attempt,
             worker=self.events.worker,
+            trace_context=job.trace_context,
         )
 
     def finish(self, execution: Execution, verdict: Verdict) -> None:
