@@ -13,6 +13,7 @@ from django.core.checks import Warning as CheckWarning
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from django_venturi import tracing
 from django_venturi.conf import (
     DEFAULTS,
     MAX_BATCH_SIZE,
@@ -197,6 +198,9 @@ def check_settings(
                 "venturi.E037",
             )
         )
+    trace_url = tracing.trace_url_problem(user.get("TRACE_URL"))
+    if trace_url is not None:
+        errors.append(_error("TRACE_URL", trace_url, "venturi.E038"))
     errors.extend(check_sqlite_transaction_mode(user, settings.DATABASES))
     return errors
 

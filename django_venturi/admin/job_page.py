@@ -1,9 +1,10 @@
-"""What a job's page shows beyond its fields: its runs, its states, its workflow.
+"""What a job's page shows beyond its fields: its runs, its states, its workflow, its trace.
 
 The page's form (`JobAdminForm`, with the help texts of the times shown to the
 second), the journal inline (one row per run, tracebacks folded), the states the
 job went through (`state_history`, from its journal and `OUTCOME_LEADS_TO`), and
-links to the jobs it waits for or that wait for it (`workflow_links`). The Retry
+links to the jobs it waits for or that wait for it (`workflow_links`), and the
+trace it was enqueued in (`trace_link`). The Retry
 and Cancel buttons are in `actions`.
 """
 
@@ -22,6 +23,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from django_venturi import tracing
 from django_venturi.admin.display import help_texts, run_duration, to_the_second
 from django_venturi.admin.masking import job_mask
 from django_venturi.conf import venturi_settings
@@ -167,3 +169,16 @@ def workflow_links(jobs: QuerySet[Job]) -> SafeString | str:
         return links
     more = jobs.count() - WORKFLOW_LINKS_SHOWN
     return format_html("{}<br>and {} more", links, more)
+
+
+def trace_link(job: Job) -> SafeString | str:
+    """The id of the trace that enqueued the job: a link to it with `VENTURI["TRACE_URL"]`."""
+    trace = tracing.trace_id(job.trace_context)
+    if trace is None:
+        return "-"
+    url = tracing.trace_url(trace)
+    if url is None:
+        return format_html("<code>{}</code>", trace)
+    return format_html(
+        '<a href="{}" target="_blank" rel="noopener noreferrer"><code>{}</code></a>', url, trace
+    )

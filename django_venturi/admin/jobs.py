@@ -73,7 +73,13 @@ from django_venturi.admin.job_list import (
     search_jobs,
     state_age,
 )
-from django_venturi.admin.job_page import JobAdminForm, JournalInline, state_history, workflow_links
+from django_venturi.admin.job_page import (
+    JobAdminForm,
+    JournalInline,
+    state_history,
+    trace_link,
+    workflow_links,
+)
 from django_venturi.admin.masking import UNFILTERED_FIELDS, job_mask
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job, JournalEntry
@@ -135,6 +141,7 @@ class JobAdmin(JobAdminBase):
                     "last_error_text",
                     "progress_text",
                     "state_history_table",
+                    "trace",
                 )
             },
         ),
@@ -189,6 +196,7 @@ class JobAdmin(JobAdminBase):
         "waiting_for",
         "dependencies_list",
         "dependents_list",
+        "trace",
     )
     inlines = (JournalInline,)
 
@@ -269,6 +277,11 @@ class JobAdmin(JobAdminBase):
             job.state,
             last_error,
         )
+
+    @admin.display(description="trace")
+    def trace(self, job: Job) -> SafeString | str:
+        """The trace that enqueued the job (`tracing.py`), a link with `TRACE_URL`."""
+        return trace_link(job)
 
     @admin.display(description="state history")
     def state_history_table(self, job: Job) -> SafeString:
