@@ -122,6 +122,26 @@ def test_runs_durations_gauges_and_spans_are_recorded(alias: str, recorded: Any)
     assert failed.end_time >= failed.start_time
 
 
+def test_due_and_waiting_jobs_are_gauges_per_queue(alias: str, recorded: Any) -> None:
+    reader, _, meter_provider, tracer_provider = recorded
+    telemetry.install(
+        database=alias, meter_provider=meter_provider, tracer_provider=tracer_provider
+    )
+    first = tasks.Noop(n=1).enqueue(using=alias, queue="mail")
+    tasks.Noop(n=2).enqueue(using=alias, queue="mail", delay=timedelta(hours=1))
+    tasks.Noop(n=3).enqueue(using=alias, queue="reports", after=[first])
+
+    data = points(reader)
+
+    def per_queue(name: str) -> dict[str, int]:
+        return {p.attributes["venturi.queue"]: p.value for p in data[name]}
+
+    assert per_queue("venturi.jobs.ready") == {"mail": 2}
+    # Only the job whose time has come is backlog; a queue with live jobs shows 0.
+    assert per_queue("venturi.jobs.due") == {"mail": 1, "reports": 0}
+    assert per_queue("venturi.jobs.waiting") == {"reports": 1}
+
+
 WITHOUT_OPENTELEMETRY = """
 import sys
 sys.modules["opentelemetry"] = None  # as if it were not installed
