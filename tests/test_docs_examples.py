@@ -10,6 +10,7 @@ module of its own, run by tests/test_docs_testing_example.py.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,7 @@ from django_venturi.worker.process import Worker
 from django_venturi.worker.scheduler import Scheduler
 from docs.examples import (
     admin_groups,
+    autoscaling,
     dedup,
     enqueueing,
     flow_control,
@@ -50,7 +52,7 @@ from docs.examples import (
     scheduling,
     workflows,
 )
-from tests.conftest import Workers, wait_until
+from tests.conftest import ROOT, Workers, vanished_run, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -673,3 +675,35 @@ def test_an_atomic_handler_commits_its_writes_with_its_job(workers: Workers) -> 
     team = Group.objects.get(name="ops")
     assert job.state == venturi.State.COMPLETED and job.result == team.pk
     assert list(owner.groups.all()) == [team]
+
+
+def test_the_autoscaling_query_counts_the_claimable_backlog_of_its_queue() -> None:
+    due = [quickstart.SendWelcomeEmail(user_id=n).enqueue() for n in range(3)]
+    quickstart.SendWelcomeEmail(user_id=9).enqueue(delay=timedelta(hours=1))  # not yet due
+    enqueueing.SendReceipt(user_id=1, amount_cents=1).enqueue()  # another queue
+    quickstart.SendWelcomeEmail(user_id=10).enqueue(after=[due[0]])  # waiting
+    Job.objects.filter(pk=due[2].pk).update(
+        **vanished_run(
+            lease_expires_at=timezone.now() + timedelta(minutes=5), started_at=timezone.now()
+        )
+    )  # running
+    assert autoscaling.backlog() == 2
+
+    venturi.pause(kind="docs.send_welcome_email")
+    assert autoscaling.backlog() == 0
+    venturi.resume(kind="docs.send_welcome_email")
+    venturi.pause(queue="default")
+    assert autoscaling.backlog() == 0
+    venturi.resume(queue="default")
+    assert autoscaling.backlog() == 2
+
+
+def test_the_guides_scaled_object_polls_the_tested_query() -> None:
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    yaml = guide[guide.index("- type: postgresql") :]
+    folded = yaml[yaml.index("query: >-") + len("query: >-") : yaml.index("targetQueryValue")]
+
+    def words(sql: str) -> str:
+        return re.sub(r"\( | \)", lambda m: m[0].strip(), " ".join(sql.split()))
+
+    assert words(folded) == words(autoscaling.BACKLOG_QUERY)
