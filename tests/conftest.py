@@ -101,6 +101,7 @@ DJANGO_FACING = frozenset(
         "sqlite_setup",
         "testing_helpers",
         "text",
+        "traces",
     ]
 )
 """The test modules of what changes with Django's or Python's version: the admin and its
