@@ -7,9 +7,9 @@ databases use the ORM.
 
 Jobs with a dedup key take another path, one job at a time: see `dedup.py`.
 
-Why one file: checking a job (`prepare`), the INSERT statements and building the
-returned `Job`s from what was sent are one path, measured and tuned together;
-apart, each piece would only make sense read beside the others.
+Checking a job (`prepare`) and the INSERT statements are one path, measured and
+tuned together; `store/inserted_jobs.py` builds the returned `Job`s from what was
+sent, without a query.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import NOT_PROVIDED, signals
-from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_venturi import tracing
@@ -35,6 +33,7 @@ from django_venturi.registry import MAX_QUEUE_LENGTH, TaskSpec, spec_of, validat
 from django_venturi.states import Priority, State
 from django_venturi.store import (
     dependencies,
+    inserted_jobs,
     key_locks,
     merging,
     missing_tables,
@@ -464,18 +463,10 @@ def _loaded(alias: str, new_job: NewJob, row: Sequence[Any]) -> Job:
 
 def _loaded_many(alias: str, new_jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[Job]:
     """The `Job`s of rows just inserted, built from what we sent and what came back
-    (each row: id, run_at, enqueued_at).
-
-    Django's keyword `__init__` looks up the default of every field not given,
-    and even its positional one (`Model.from_db`) sets the 27 fields one by one:
-    that made up half of `enqueue_many`. Unless someone listens to `pre_init` or
-    `post_init` for `Job`, each instance is assembled as `from_db` would leave it.
-    """
-    heard = signals.pre_init.has_listeners(Job) or signals.post_init.has_listeners(Job)
-    build = _initialized if heard else _assembled
-    return [
-        build(
-            alias,
+    (each row: id, run_at, enqueued_at), without a query (`inserted_jobs.py`)."""
+    return inserted_jobs.loaded(
+        alias,
+        [
             {
                 "id": row[0],
                 "run_at": row[1],
@@ -489,70 +480,7 @@ def _loaded_many(alias: str, new_jobs: Sequence[NewJob], rows: Sequence[Any]) ->
                 "fair_key": new_job.fair_key,
                 "trace_context": new_job.trace_context,
                 "merged_count": 0,
-            },
-        )
-        for new_job, row in zip(new_jobs, rows, strict=True)
-    ]
-
-
-def _assembled(alias: str, values: dict[str, Any]) -> Job:
-    """A loaded `Job` without `Model.__init__`: its state, then each field's value."""
-    job: Job = Job.__new__(Job)
-    state = ModelState()
-    state.adding = False
-    state.db = alias
-    job.__dict__["_state"] = state
-    _fill_row(job.__dict__, values)
-    return job
-
-
-def _initialized(alias: str, values: dict[str, Any]) -> Job:
-    """A loaded `Job` made by `Model.from_db`, which sends `pre_init` and `post_init`."""
-    names, _ = _fields_and_defaults()
-    row = _fill_row({}, values)
-    return Job.from_db(alias, names, [row[name] for name in names])
-
-
-def _fill_row(row: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """Put every field of a new row in `row` by name: `values`, and the default of
-    each other one; return `row`."""
-    fixed, made_per_row = _defaults_by_name()
-    row.update(fixed)
-    for name, make in made_per_row:
-        row[name] = make()
-    row.update(values)
-    return row
-
-
-@functools.cache
-def _defaults_by_name() -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-    """The defaults that are one value, by field name; and those made per row (callables)."""
-    fixed: dict[str, Any] = {}
-    made_per_row: list[tuple[str, Any]] = []
-    for name, default in zip(*_fields_and_defaults(), strict=True):
-        if callable(default):
-            made_per_row.append((name, default))
-        else:
-            fixed[name] = default
-    return fixed, made_per_row
-
-
-@functools.cache
-def _fields_and_defaults() -> tuple[list[str], list[Any]]:
-    """`Job`'s concrete fields in order, with what a new row holds when not told.
-
-    A default is the value itself, or a callable for a new value per row (a
-    field's callable `default`, such as `dict`).
-    """
-    names: list[str] = []
-    defaults: list[Any] = []
-    for field in Job._meta.concrete_fields:
-        names.append(field.attname)
-        db_default = getattr(field, "db_default", NOT_PROVIDED)
-        if db_default is not NOT_PROVIDED and not hasattr(db_default, "resolve_expression"):
-            defaults.append(db_default)
-        elif field.has_default() and callable(field.default):
-            defaults.append(field.default)
-        else:
-            defaults.append(field.get_default())
-    return names, defaults
+            }
+            for new_job, row in zip(new_jobs, rows, strict=True)
+        ],
+    )
