@@ -161,7 +161,7 @@ class Schedule:
         return None if tick is None else tick.astimezone(self.zone)
 
     def next_ticks(self, now: datetime, count: int) -> list[datetime]:
-        """The first `count` ticks after `now` (fewer past cronsim's horizon), in the schedule's zone."""
+        """The first `count` ticks after `now` (fewer past cronsim's horizon), in its zone."""
         ticks: list[datetime] = []
         tick = self.next_tick(now)
         while tick is not None and len(ticks) < count:
