@@ -128,6 +128,22 @@ def test_the_first_to_see_a_schedule_sets_when_it_was_first_seen(alias: str) -> 
     assert ScheduleState.objects.using(alias).count() == 1
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_a_worker_that_meets_a_new_schedule_at_the_same_moment_as_another_reads_its_row(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between this worker's read (no row yet) and its insert, another inserts the row."""
+    from django_venturi.store import schedule_states
+
+    def time_after_another_worker_inserted(using: str) -> datetime:
+        ScheduleState.objects.using(using).create(kind="tests.noop", first_seen_at=at(9))
+        return at(10)
+
+    monkeypatch.setattr(schedule_states, "database_time", time_after_another_worker_inserted)
+    assert seen(alias, "tests.noop").first_seen_at == at(9)  # no IntegrityError: its row
+    assert ScheduleState.objects.using(alias).count() == 1
+
+
 def test_the_decorator_takes_a_catch_up(declared: None) -> None:
     @venturi.periodic("0 2 * * *", catch_up=timedelta(hours=3))
     @venturi.task(kind="tests.periodic_report")
