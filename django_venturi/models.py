@@ -180,6 +180,10 @@ class Job(models.Model):
             ("cancel_job", "Can cancel jobs (admin action)"),
             ("cleanup_jobs", "Can clean up finished jobs (admin page)"),
             ("pause_queues", "Can pause and resume queues and kinds (admin stats page)"),
+            (
+                "manage_schedules",
+                "Can run, disable and enable periodic schedules (admin periodic page)",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -320,6 +324,34 @@ class PeriodicTick(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} @ {self.tick.isoformat()}"
+
+
+class ScheduleState(models.Model):
+    """What the database holds of one periodic schedule: whether it runs, and since when it exists.
+
+    Keyed by kind, as schedules are: a row outlives deploys, and a schedule removed
+    from code or settings and added back finds its row as it left it.
+    """
+
+    kind = models.CharField(max_length=200, primary_key=True)
+    enabled = models.BooleanField(
+        default=True, help_text="Whether workers enqueue its ticks (a disabled one's are skipped)."
+    )
+    changed_by = models.CharField(
+        max_length=200, blank=True, default="", help_text="Who last disabled or enabled it."
+    )
+    changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was last disabled or enabled."
+    )
+    first_seen_at = models.DateTimeField(
+        help_text="When a worker first saw the schedule: a missed tick before it is not caught up."
+    )
+
+    class Meta:
+        verbose_name = "schedule state"
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({'enabled' if self.enabled else 'disabled'})"
 
 
 class RunTally(models.Model):

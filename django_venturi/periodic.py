@@ -18,6 +18,9 @@ job: however many workers pass at once, and whenever cleanup deletes the job, a
 tick is one job. Only the latest tick is ever considered: ticks missed while no
 worker ran are not replayed; the latest missed one runs when a worker is back,
 unless it is older than `PERIODIC_CATCH_UP` (then it is recorded as skipped).
+A tick from before the schedule was first seen (`store/schedule_states.py`) is
+skipped too, and so is each tick of a disabled schedule; a schedule's own
+`catch_up` replaces both rules of lateness (`catch_up_allows`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django_venturi.conf import venturi_settings
@@ -35,6 +38,10 @@ from django_venturi.registry import RegistrationError, UnknownKind, registry
 
 if TYPE_CHECKING:
     pass
+
+CatchUp = timedelta | Literal[True] | None
+"""A schedule's `catch_up`: how late a missed tick may still run (True: however late);
+None: `PERIODIC_CATCH_UP`, and no tick from before the schedule was first seen."""
 
 logger = logging.getLogger("django_venturi.periodic")
 
@@ -108,6 +115,10 @@ class Schedule:
     """The task's field values (the fields not given keep their defaults)."""
     origin: str
     """Where it was declared, for error messages and the admin."""
+    catch_up: CatchUp = None
+    """How late a missed tick may still run, even one from before the schedule was
+    first seen (True: however late); None: `PERIODIC_CATCH_UP` decides, and a tick
+    from before the schedule was first seen never runs."""
 
     @property
     def zone(self) -> ZoneInfo:
@@ -148,6 +159,33 @@ class Schedule:
         """The first tick after `now`, in the schedule's zone."""
         tick = self._tick_after(now)
         return None if tick is None else tick.astimezone(self.zone)
+
+    def next_ticks(self, now: datetime, count: int) -> list[datetime]:
+        """The first `count` ticks after `now` (fewer past cronsim's horizon), in its zone."""
+        ticks: list[datetime] = []
+        tick = self.next_tick(now)
+        while tick is not None and len(ticks) < count:
+            ticks.append(tick)
+            tick = self.next_tick(tick)
+        return ticks
+
+    def catch_up_allows(self, tick: datetime, now: datetime, first_seen: datetime) -> bool:
+        """Whether a tick that is due at `now` still runs, or is skipped as missed.
+
+        The schedule's own `catch_up` decides first, for every tick; without it, a
+        tick from before the schedule was first seen is skipped (a nightly job
+        deployed at 10:00 does not run its 02:00 tick), and `PERIODIC_CATCH_UP`
+        limits how late any other may run.
+        """
+        late = now - tick
+        if self.catch_up is True:
+            return True
+        if isinstance(self.catch_up, timedelta):
+            return late <= self.catch_up
+        if tick < first_seen:
+            return False
+        limit = venturi_settings.PERIODIC_CATCH_UP
+        return limit is None or late <= limit
 
     def _tick_after(self, moment: datetime) -> datetime | None:
         """The first tick after the instant `moment`, in UTC (None past cronsim's horizon).
@@ -220,13 +258,20 @@ _declared: dict[str, Schedule] = {}
 
 
 def periodic(
-    cron: str, *, timezone: str | None = None, payload: dict[str, Any] | None = None
+    cron: str,
+    *,
+    timezone: str | None = None,
+    payload: dict[str, Any] | None = None,
+    catch_up: CatchUp = None,
 ) -> Callable[[T], T]:
     """Run a task on a cron schedule; put it above `@venturi.task`.
 
     `payload` gives the task's field values (JSON-able, checked now); without
     it the task must build with no arguments. `timezone` is an IANA name
-    (default: Django's `TIME_ZONE`).
+    (default: Django's `TIME_ZONE`). `catch_up` is how late a missed tick may
+    still run, even one from before the schedule was first seen (True: however
+    late); None (the default): `PERIODIC_CATCH_UP` limits it, and a tick from
+    before the schedule was first seen is skipped.
     """
 
     def register(target: T) -> T:
@@ -241,6 +286,7 @@ def periodic(
             timezone=timezone,
             payload=dict(payload or {}),
             origin=f"@venturi.periodic on {spec.origin}",
+            catch_up=catch_up,
         )
         try:
             validate(schedule)
@@ -269,6 +315,15 @@ def validate(schedule: Schedule) -> None:
             ZoneInfo(schedule.timezone)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
             raise ScheduleError(f"{where}: unknown timezone {schedule.timezone!r}") from None
+    catch_up = schedule.catch_up
+    if not (
+        catch_up is None
+        or catch_up is True
+        or (isinstance(catch_up, timedelta) and catch_up > timedelta(0))
+    ):
+        raise ScheduleError(
+            f"{where}: catch_up must be a positive timedelta, True or None, got {catch_up!r}"
+        )
     if not isinstance(schedule.payload, dict):
         raise ScheduleError(f"{where}: payload must be a dict of field values")
     try:
@@ -289,7 +344,7 @@ def from_settings() -> list[Schedule]:
         origin = f"VENTURI['PERIODIC'][{index}]"
         if not isinstance(entry, dict) or not {"task", "cron"} <= set(entry):
             raise ScheduleError(f"{origin} must be a dict with 'task' and 'cron' keys")
-        unknown = set(entry) - {"task", "cron", "timezone", "payload"}
+        unknown = set(entry) - {"task", "cron", "timezone", "payload", "catch_up"}
         if unknown:
             raise ScheduleError(f"{origin}: unknown keys {', '.join(sorted(unknown))}")
         schedules.append(
@@ -299,9 +354,18 @@ def from_settings() -> list[Schedule]:
                 timezone=entry.get("timezone"),
                 payload=entry.get("payload") or {},
                 origin=origin,
+                catch_up=_catch_up_setting(entry.get("catch_up")),
             )
         )
     return schedules
+
+
+def _catch_up_setting(value: Any) -> Any:
+    """A settings entry's `catch_up`, whose duration may be a number of seconds, as
+    `PERIODIC_CATCH_UP`'s; `validate` names a value that is none of the kinds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    return value
 
 
 def schedules() -> list[Schedule]:

@@ -96,6 +96,7 @@ DJANGO_FACING = frozenset(
         "periodic",
         "readme",
         "registration",
+        "schedules",
         "secret_masking",
         "settings_and_flags",
         "sqlite_setup",

@@ -331,7 +331,7 @@ def crumb_links(page: Page) -> list[str]:
 def test_the_custom_pages_breadcrumbs_look_like_the_admins_own(
     browser: Browser, example_site: str
 ) -> None:
-    """Stats, cleanup, periodic tasks and an action's confirmation page: their breadcrumbs
+    """Stats, cleanup, periodic tasks and actions' confirmation pages: their breadcrumbs
     have the job list's computed look on the running Django version.
 
     Django 6.1 styles only `<ol class="breadcrumbs">`; the pages' old `<div>` showed
@@ -349,6 +349,7 @@ def test_the_custom_pages_breadcrumbs_look_like_the_admins_own(
         "stats": "/admin/django_venturi/job/stats/",
         "cleanup": "/admin/django_venturi/job/cleanup/",
         "periodic tasks": "/admin/django_venturi/periodictask/",
+        "schedule confirmation": "/admin/django_venturi/periodictask/shop.signup_report/disable/",
     }
     for name, url in pages.items():
         page.goto(example_site + url)
@@ -370,5 +371,6 @@ def test_the_custom_pages_breadcrumbs_look_like_the_admins_own(
         "stats": [*app, "/admin/django_venturi/job/"],
         "cleanup": [*app, "/admin/django_venturi/job/"],
         "periodic tasks": app,
+        "schedule confirmation": [*app, "/admin/django_venturi/periodictask/"],
         "confirmation": [*app, "/admin/django_venturi/job/"],
     }

@@ -34,9 +34,10 @@ from django.db import connection, models, transaction
 from django.http import HttpResponse, QueryDict
 from django.test import Client, RequestFactory
 from django.urls import URLPattern, reverse
+from django.utils import timezone
 
 import django_venturi as venturi
-from django_venturi.models import Job, JournalEntry
+from django_venturi.models import Job, JournalEntry, ScheduleState
 from django_venturi.worker import Worker
 from tests.test_admin import staff_with
 
@@ -255,8 +256,12 @@ def discover(
 
 
 @pytest.fixture
-def rows() -> dict[str, Any]:
-    """A job of each kind of state, a journal entry, a running job with progress."""
+def rows(settings: Any) -> dict[str, Any]:
+    """A job of each kind of state, a journal entry, a running job with progress, and a
+    periodic schedule (the periodic page's run now, disable and enable act on it)."""
+    schedule = {"task": "tests.noop", "cron": "0 3 * * *", "payload": {"n": 1}}
+    settings.VENTURI = {**settings.VENTURI, "PERIODIC": [schedule]}
+    periodic = ScheduleState.objects.create(kind="tests.noop", first_seen_at=timezone.now())
     now = datetime.now().astimezone()
     failed = Job.objects.create(
         kind="tests.noop",
@@ -288,7 +293,7 @@ def rows() -> dict[str, Any]:
     entry = JournalEntry.objects.create(
         job=failed, attempt=1, outcome="failed", error_type="E", error_message="boom"
     )
-    return {"job": failed, "journalentry": entry}
+    return {"job": failed, "journalentry": entry, "periodictask": periodic}
 
 
 @pytest.fixture
@@ -343,6 +348,9 @@ def test_the_discovery_finds_the_venturi_admin_pages() -> None:
         "django_venturi_journalentry_changelist",
         "django_venturi_journalentry_change",
         "django_venturi_periodictask_changelist",
+        "django_venturi_periodictask_run",
+        "django_venturi_periodictask_disable",
+        "django_venturi_periodictask_enable",
     ):
         assert expected in names
 

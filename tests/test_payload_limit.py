@@ -28,6 +28,7 @@ from django_venturi.payloads.size import PayloadTooLarge, encoded_size
 from django_venturi.worker.scheduler import Scheduler
 from tests.conftest import Workers
 from tests.test_enqueue import refuse_inserts_of_n
+from tests.test_periodic import seen_long_ago
 from tests.test_text import installed_tasks_module
 from tests.testapp.limit_tasks import BLOB_OVERHEAD, Blob, Checkpoints, KeyedBlob, Returns
 from tests.testapp.tasks import Noop
@@ -239,6 +240,8 @@ def test_a_periodic_payload_over_the_limit_is_named_by_the_check_and_its_ticks_e
     assert "VENTURI['PERIODIC'][1]: Blob: is 111 bytes as JSON, over the limit of 100" in str(
         problem.msg
     )
+    for kind in ("tests.noop", "tests.limit.blob"):  # seen before: their latest ticks run
+        seen_long_ago(alias, kind)
     with caplog.at_level(logging.ERROR, logger="django_venturi.periodic"):
         created = Scheduler(alias).run_pass()
     # The small schedule still runs; the large one logs an error and writes nothing.

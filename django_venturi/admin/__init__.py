@@ -6,7 +6,8 @@ else: it is the top of the house.
 
 - `jobs`: `JobAdmin`, the job list and a job's page, and the URLs of the extra pages;
 - `journal`: `JournalEntryAdmin`, every run of every job, read-only;
-- `periodic`: the periodic tasks' read-only page;
+- `periodic`: the periodic tasks' page: next runs, last run, enabled or not;
+- `schedule_actions`: its run now, disable and enable, their confirmation page and permission;
 - `job_list`: the job list's estimated count, filters, search and columns' rules;
 - `job_page`: a job's page: its form, journal inline, state history, workflow links;
 - `actions`: retry now and cancel, their confirmation page and the job page's buttons;

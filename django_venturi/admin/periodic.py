@@ -1,12 +1,14 @@
-"""The admin's "Periodic tasks" page: each schedule with its next tick and its last run.
+"""The admin's "Periodic tasks" page: each schedule with its next runs, its last run and its state.
 
-The last run is the kind's `PeriodicTick` (the latest tick handled and when),
-which outlives the tick's job: after a cleanup the page still shows it, without
-the link to the job.
+The next five runs are shown in the site's time zone (the active one, Django's
+`TIME_ZONE` by default). The last run is the kind's `PeriodicTick` (the latest
+tick handled and when), which outlives the tick's job: after a cleanup the page
+still shows it, without the link to the job. Whether the schedule is enabled is
+its `ScheduleState` row; run now, disable and enable are `schedule_actions.py`.
 
 The schedules live in code (`@venturi.periodic`) and settings (`VENTURI["PERIODIC"]`),
-not in a table, so this is a read-only page over them, registered on a proxy model
-of `Job` so that it sits in the admin index next to jobs.
+not in a table, so this page lists them, registered on a proxy model of `Job` so
+that it sits in the admin index next to jobs.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 
+from django_venturi.admin import schedule_actions
 from django_venturi.admin.breadcrumbs import model_list_breadcrumbs
 from django_venturi.conf import venturi_settings
-from django_venturi.models import Job, PeriodicTask, PeriodicTick
+from django_venturi.models import Job, PeriodicTask, PeriodicTick, ScheduleState
 from django_venturi.periodic import Schedule, schedules
 from django_venturi.store.clock import database_time
 
@@ -38,7 +43,10 @@ class ScheduleRow:
     """One line of the page."""
 
     schedule: Schedule
-    next_tick: datetime | None
+    next_ticks: list[datetime]
+    """The next five ticks."""
+    state: ScheduleState | None
+    """Whether it is enabled and who changed that; None until a worker or the admin saw it."""
     last_tick: PeriodicTick | None
     """The latest tick handled (enqueued or skipped); None if none yet."""
     last_job: Job | None
@@ -46,31 +54,55 @@ class ScheduleRow:
     last_job_url: str
 
     @property
-    def next_text(self) -> str:
-        return local_text(self.next_tick, self.schedule)
+    def enabled(self) -> bool:
+        return self.state is None or self.state.enabled
+
+    @property
+    def buttons(self) -> list[tuple[str, str]]:
+        """Run now, and disable or enable, whichever applies: (label, confirmation page URL)."""
+        toggle = schedule_actions.DISABLE if self.enabled else schedule_actions.ENABLE
+        return [
+            (action.label, schedule_actions.action_url(action, self.schedule.kind))
+            for action in (schedule_actions.RUN_NOW, toggle)
+        ]
+
+    @property
+    def next_texts(self) -> list[str]:
+        return [local_text(tick) for tick in self.next_ticks]
 
     @property
     def last_text(self) -> str:
-        return local_text(self.last_tick.tick if self.last_tick else None, self.schedule)
+        return local_text(self.last_tick.tick if self.last_tick else None)
 
     @property
     def handled_text(self) -> str:
         """When the latest tick was enqueued or skipped."""
-        return local_text(self.last_tick.handled_at if self.last_tick else None, self.schedule)
+        return local_text(self.last_tick.handled_at if self.last_tick else None)
+
+    @property
+    def changed_text(self) -> str:
+        """When the schedule was last disabled or enabled."""
+        return local_text(self.state.changed_at if self.state else None)
 
 
-def local_text(moment: datetime | None, schedule: Schedule) -> str:
-    """A tick in its schedule's own time zone, as cron reads it."""
+NEXT_RUNS = 5
+"""How many of its next ticks the page shows for each schedule."""
+
+
+def local_text(moment: datetime | None) -> str:
+    """A moment in the site's (the active) time zone."""
     if moment is None:
         return "-"
-    return moment.astimezone(schedule.zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def schedule_rows(alias: str) -> list[ScheduleRow]:
     """Each schedule with its next tick and its latest handled tick (with the job, if kept)."""
     now = database_time(alias)
     found = schedules()
-    ticks = PeriodicTick.objects.using(alias).in_bulk([schedule.kind for schedule in found])
+    kinds = [schedule.kind for schedule in found]
+    ticks = PeriodicTick.objects.using(alias).in_bulk(kinds)
+    states = ScheduleState.objects.using(alias).in_bulk(kinds)
     job_ids = [tick.job_id for tick in ticks.values() if tick.job_id is not None]
     jobs = Job.objects.using(alias).in_bulk(job_ids)
     rows = []
@@ -80,7 +112,8 @@ def schedule_rows(alias: str) -> list[ScheduleRow]:
         rows.append(
             ScheduleRow(
                 schedule=schedule,
-                next_tick=schedule.next_tick(now),
+                next_ticks=schedule.next_ticks(now, NEXT_RUNS),
+                state=states.get(schedule.kind),
                 last_tick=last_tick,
                 last_job=last_job,
                 last_job_url=(
@@ -107,12 +140,13 @@ class PeriodicTaskAdmin(PeriodicTaskAdminBase):
             "breadcrumbs": model_list_breadcrumbs(self, request),
             "opts": self.model._meta,
             "rows": schedule_rows(venturi_settings.DATABASE),
+            "can_manage": schedule_actions.can_manage(request),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_venturi/periodic_tasks.html", context)
 
     def get_urls(self) -> list[URLPattern]:
-        """The list of schedules only.
+        """The list of schedules and its actions only.
 
         The proxy model's rows are jobs: Django's change, history and delete views
         would show any job (its payload unmasked) to whoever may view periodic tasks.
@@ -123,8 +157,19 @@ class PeriodicTaskAdmin(PeriodicTaskAdminBase):
                 "",
                 self.admin_site.admin_view(self.changelist_view),
                 name="django_venturi_periodictask_changelist",
-            )
+            ),
+            *(self.action_url(action) for action in schedule_actions.ACTIONS),
         ]
+
+    def action_url(self, action: schedule_actions.ScheduleAction) -> URLPattern:
+        def answer(request: HttpRequest, object_id: str) -> HttpResponse:
+            return schedule_actions.answer(self, request, unquote(object_id), action)
+
+        return path(
+            f"<path:object_id>/{action.name}/",
+            self.admin_site.admin_view(answer),
+            name=f"django_venturi_periodictask_{action.name}",
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -38,7 +38,7 @@ def enqueue_tick(alias: str, new: NewJob, tick: datetime) -> int | None:
 
 
 def skip_tick(alias: str, kind: str, tick: datetime) -> bool:
-    """Record a tick that gets no job (missed by more than `PERIODIC_CATCH_UP`).
+    """Record a tick that gets no job (its schedule is disabled, or its catch-up refuses it).
 
     False when the kind's recorded tick is this one or a later one already.
     """

@@ -2,8 +2,11 @@
 
 For each schedule, the latest tick at or before the database's `now()` is
 enqueued if it is later than the kind's recorded tick (`store/periodic_ticks.py`
-decides, in the database); a tick missed by more than `PERIODIC_CATCH_UP` is
-recorded as skipped. The claim loop runs the passes (`claimer.py`).
+decides, in the database). A tick that does not run is recorded as skipped: a
+tick of a disabled schedule, and a missed one that its schedule's catch-up
+refuses (`Schedule.catch_up_allows`: from before the schedule was first seen, or
+missed by more than `PERIODIC_CATCH_UP`). The claim loop runs the passes
+(`claimer.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from django_venturi.registry import UnknownKind
 from django_venturi.store.clock import database_time
 from django_venturi.store.connections import DATABASE_ERRORS
 from django_venturi.store.periodic_ticks import enqueue_tick, skip_tick
+from django_venturi.store.schedule_states import seen
 
 logger = logging.getLogger("django_venturi.periodic")
 
@@ -88,20 +92,15 @@ class Scheduler:
         return created
 
     def _handle(self, schedule: Schedule, tick: datetime, now: datetime) -> int | None:
-        """Enqueue the tick, or record it skipped if it was missed by more than the
-        catch-up; return the id of the job this created, if it did."""
+        """Enqueue the tick, or record it skipped (its schedule is disabled, or its
+        catch-up refuses it); return the id of the job this created, if it did."""
         instant = tick.astimezone(UTC)
-        catch_up = venturi_settings.PERIODIC_CATCH_UP
-        extra = {"kind": schedule.kind}
-        if catch_up is not None and now - instant > catch_up:
-            if skip_tick(self.alias, schedule.kind, instant):
-                logger.info(
-                    "periodic %s: tick %s missed by more than %s; skipped",
-                    schedule.kind,
-                    tick.isoformat(),
-                    catch_up,
-                    extra=extra,
-                )
+        state = seen(self.alias, schedule.kind, now)
+        if not state.enabled:
+            self._skip(schedule, tick, "the schedule is disabled")
+            return None
+        if not schedule.catch_up_allows(instant, now, state.first_seen_at):
+            self._skip(schedule, tick, "missed, and its catch-up does not run it")
             return None
         new = prepare(schedule.instance(), delay=None, run_at=None, priority=None, queue=None)
         job_id = enqueue_tick(self.alias, new, instant)
@@ -111,6 +110,16 @@ class Scheduler:
                 schedule.kind,
                 job_id,
                 tick.isoformat(),
-                extra={**extra, "job_id": job_id},
+                extra={"kind": schedule.kind, "job_id": job_id},
             )
         return job_id
+
+    def _skip(self, schedule: Schedule, tick: datetime, why: str) -> None:
+        if skip_tick(self.alias, schedule.kind, tick.astimezone(UTC)):
+            logger.info(
+                "periodic %s: tick %s skipped: %s",
+                schedule.kind,
+                tick.isoformat(),
+                why,
+                extra={"kind": schedule.kind},
+            )

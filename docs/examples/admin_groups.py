@@ -17,6 +17,7 @@ OPS = [
     "delete_job",  # the "Delete selected" action (jobs go with their journal)
     "cleanup_jobs",  # the "Clean up finished jobs" page
     "pause_queues",  # Pause and Resume on the stats page (queues and kinds)
+    "manage_schedules",  # Run now, Disable and Enable on the "Periodic tasks" page
 ]
 SUPPORT = [*SEE, "retry_job"]
 
