@@ -29,15 +29,12 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django_venturi.conf import venturi_settings
 from django_venturi.payloads.size import PayloadTooLarge, check_size
 from django_venturi.registry import RegistrationError, UnknownKind, registry
-
-if TYPE_CHECKING:
-    pass
 
 CatchUp = timedelta | Literal[True] | None
 """A schedule's `catch_up`: how late a missed tick may still run (True: however late);

@@ -4,8 +4,6 @@ it, and the job page shows its trace id (a link with `TRACE_URL`)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -24,8 +22,8 @@ import django_venturi as venturi
 from django_venturi.checks import check_settings
 from django_venturi.models import Job
 from django_venturi.observe import telemetry
-from tests.conftest import ROOT, worker_env
 from tests.test_django_tasks import tasks as django_tasks  # noqa: F401 - the fixture
+from tests.test_telemetry import run_script
 from tests.testapp import dedup_tasks, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
@@ -156,15 +154,7 @@ def test_each_run_of_a_worker_links_to_the_enqueuing_span(alias: str) -> None:
         with TRACER.start_as_current_span("request") as span:
             flaky = tasks.Flaky(failures=1).enqueue(using=alias)  # fails once: two runs
         untraced = tasks.Noop(n=1).enqueue(using=alias)
-    result = subprocess.run(
-        [sys.executable, "-c", WORKER_WITH_SPANS, alias],
-        env=worker_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_script(WORKER_WITH_SPANS, alias)
     assert result.returncode == 0, result.stderr
     runs = [json.loads(line) for line in result.stdout.splitlines()]
     request = span.get_span_context()

@@ -31,7 +31,7 @@ from django_venturi.conf import venturi_settings
 from django_venturi.states import JournalOutcome
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
     from opentelemetry.trace import Link, Span, TracerProvider
@@ -47,6 +47,13 @@ FAILED_OUTCOMES = {
     JournalOutcome.LEASE_EXPIRED,
     JournalOutcome.TIMEOUT,
 }
+
+PER_QUEUE_GAUGES = (
+    ("venturi.jobs.ready", "ready", "Ready jobs per queue (due or scheduled)."),
+    ("venturi.jobs.waiting", "waiting", "Jobs per queue waiting for their dependencies."),
+    ("venturi.jobs.running", "running", "Running jobs per queue."),
+)
+"""The gauges of live jobs per queue in one state: (name, state, description)."""
 
 _installed: Telemetry | None = None
 _install_lock = threading.Lock()
@@ -116,29 +123,15 @@ class Telemetry:
         self.duration = meter.create_histogram(
             "venturi.job.duration", unit="s", description="How long handlers ran."
         )
-        meter.create_observable_gauge(
-            "venturi.jobs.ready",
-            callbacks=[self._observe_ready],
-            unit="{job}",
-            description="Ready jobs per queue (due or scheduled).",
-        )
+        for name, state, description in PER_QUEUE_GAUGES:
+            meter.create_observable_gauge(
+                name, callbacks=[self._observing(state)], unit="{job}", description=description
+            )
         meter.create_observable_gauge(
             "venturi.jobs.due",
             callbacks=[self._observe_due],
             unit="{job}",
             description="Ready jobs per queue whose time has come: the backlog to work off.",
-        )
-        meter.create_observable_gauge(
-            "venturi.jobs.waiting",
-            callbacks=[self._observe_waiting],
-            unit="{job}",
-            description="Jobs per queue waiting for their dependencies.",
-        )
-        meter.create_observable_gauge(
-            "venturi.jobs.running",
-            callbacks=[self._observe_running],
-            unit="{job}",
-            description="Running jobs per queue.",
         )
         meter.create_observable_gauge(
             "venturi.queue.latency",
@@ -239,14 +232,9 @@ class Telemetry:
                 totals[queue] = totals.get(queue, 0) + jobs
         return [Observation(jobs, {"venturi.queue": queue}) for queue, jobs in totals.items()]
 
-    def _observe_ready(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._per_queue("ready")
-
-    def _observe_running(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._per_queue("running")
-
-    def _observe_waiting(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._per_queue("waiting")
+    def _observing(self, state: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """The callback of the gauge of live jobs in `state` (`PER_QUEUE_GAUGES`)."""
+        return lambda options: self._per_queue(state)
 
     def _observe_due(self, options: CallbackOptions) -> Iterable[Observation]:
         from opentelemetry.metrics import Observation

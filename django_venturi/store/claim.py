@@ -268,10 +268,8 @@ def _claim_postgresql(
 def _left_behind(request: ClaimRequest, rows: list[tuple[Any, ...]]) -> bool:
     """Whether the claim may have passed over due jobs of capped or rate-limited kinds:
     the full claim's last column (`claim_statement._LEFT_BEHIND_TAIL`), on a row of
-    its own, without a job, when it took nothing."""
-    if not request.limited:
-        return False
-    return bool(rows[0][-1]) if rows else True
+    its own, without a job, when it took nothing: a limited claim always has a row."""
+    return request.limited and bool(rows[0][-1])
 
 
 _HOLD = str(int(CAPS_LOCK_HOLD.total_seconds() * 1000))
