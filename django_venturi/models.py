@@ -70,6 +70,12 @@ class Job(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    error_type = models.CharField(
+        max_length=300,
+        blank=True,
+        db_default="",
+        help_text="The exception type of last_error (`module.Name`), for the admin's filter.",
+    )
     result = StoredJSONField(
         null=True, blank=True, help_text="What the handler returned (Django Tasks jobs)."
     )
@@ -131,6 +137,12 @@ class Job(models.Model):
                 condition=Q(state=State.RUNNING),
             ),
             models.Index(fields=["kind", "state"], name="venturi_job_kind_state_idx"),
+            # The admin's error type filter and error groups: only rows that ever failed.
+            models.Index(
+                fields=["error_type", "id"],
+                name="venturi_job_error_type_idx",
+                condition=~Q(error_type=""),
+            ),
             # A new job with a dedup key finds the running jobs of its key here.
             models.Index(
                 fields=["kind", "dedup_key"],

@@ -3,8 +3,9 @@
 Times to the second (`compact_time`, `date_over_time`, the `to_the_second`
 columns and their `help_texts`), short ages (`short_age`), a run's duration
 (`run_duration`), a job's progress on one line (`progress_text`), a list cell
-cut with an ellipsis (`cut`), pretty JSON and "1 job"/"2 jobs". They read a row
-and return text or safe HTML; none queries the database.
+cut with an ellipsis (`cut`), an error cut between words and unfolded by a click
+(`error_cell`), pretty JSON and "1 job"/"2 jobs". They read a row and return
+text or safe HTML; none queries the database.
 """
 
 from __future__ import annotations
@@ -89,6 +90,38 @@ def run_duration(entry: JournalEntry) -> str:
 def cut(text: str, *, title: str | None = None) -> SafeString:
     """A list cell's text, cut with an ellipsis by the style sheet; the whole of it on hover."""
     return format_html('<span class="venturi-cut" title="{}">{}</span>', title or text, text)
+
+
+ERROR_SHOWN = 160
+"""An error cell shows at most about this many characters, cut between words."""
+
+
+def cut_between_words(text: str, limit: int = ERROR_SHOWN) -> str:
+    """`text` on one line, cut at the last space before `limit` with an ellipsis.
+
+    A single word longer than `limit` (a URL, a path) is cut inside it: nothing else
+    keeps the cell readable.
+    """
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    head = line[: limit + 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else line[:limit]).rstrip(" ,;:.") + "…"
+
+
+def error_cell(summary: str, whole: str) -> SafeString:
+    """An error's `Type: message`, cut between words, and the whole text on hover and
+    unfolded by a click (a `<details>`), which needs no script."""
+    shown = cut_between_words(summary)
+    if shown == whole.strip():
+        return format_html('<span class="venturi-error" title="{}">{}</span>', whole, shown)
+    return format_html(
+        '<details class="venturi-error" title="{}"><summary>{}</summary><pre>{}</pre></details>',
+        whole,
+        shown,
+        whole,
+    )
 
 
 def jobs(count: int) -> str:

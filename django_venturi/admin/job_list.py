@@ -28,6 +28,7 @@ from django.utils.text import smart_split, unescape_string_literal
 
 from django_venturi.admin import masking
 from django_venturi.admin.display import short_age
+from django_venturi.admin.filters import CURRENT_ERROR
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job
 from django_venturi.payloads import text
@@ -172,14 +173,6 @@ class QueueFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(queue=self.value()) if self.value() else queryset
-
-
-CURRENT_ERROR = (Q(state=State.FAILED) | Q(state=State.READY, failures__gt=0)) & ~Q(last_error="")
-"""Jobs whose last error still describes them: failed, or ready again after a failed run.
-
-A job that completed, was cancelled or is running keeps `last_error` from an earlier
-run; the list does not show it as if it were the job's trouble now.
-"""
 
 
 def has_current_error(job: Job) -> bool:

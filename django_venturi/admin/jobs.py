@@ -41,7 +41,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_venturi.admin import cleanup, stats
+from django_venturi.admin import bulk_actions, cleanup, stats
 from django_venturi.admin import pauses as pause_admin
 from django_venturi.admin.actions import (
     CANCEL,
@@ -58,10 +58,13 @@ from django_venturi.admin.display import (
     compact_time,
     cut,
     date_over_time,
+    error_cell,
     pretty_json,
     progress_text,
     to_the_second,
 )
+from django_venturi.admin.error_groups import error_groups_of_list
+from django_venturi.admin.filters import EnqueuedFilter, ErrorTypeFilter, FinishedFilter
 from django_venturi.admin.job_list import (
     EstimatedCountPaginator,
     HasErrorFilter,
@@ -119,7 +122,16 @@ class JobAdmin(JobAdminBase):
         "error_summary",
     )
     list_display_links = ("id", "kind_cell")
-    list_filter = ("state", KindFilter, QueueFilter, "priority", HasErrorFilter)
+    list_filter = (
+        "state",
+        KindFilter,
+        QueueFilter,
+        "priority",
+        HasErrorFilter,
+        ErrorTypeFilter,
+        ("enqueued_at", EnqueuedFilter),
+        ("finished_at", FinishedFilter),
+    )
     search_fields = ("kind", "dedup_key", "payload")
     search_help_text = "A job id (123 or #123), or part of the kind, the dedup key or the payload."
     ordering = ("-id",)
@@ -236,7 +248,7 @@ class JobAdmin(JobAdminBase):
             first_line = message
         elif colon and " " not in error_type:  # `package.module.Error: message` -> `Error: message`
             first_line = f"{error_type.rpartition('.')[2]}: {message}"
-        return cut(first_line, title=last_error)
+        return error_cell(first_line, last_error)
 
     # ------------------------------------------------------------ the job page
 
@@ -394,6 +406,9 @@ class JobAdmin(JobAdminBase):
                 name=f"django_venturi_job_{name}",
             )
 
+        def bulk_view(action: bulk_actions.BulkAction) -> URLPattern:
+            return view(lambda request: bulk_actions.answer(self, request, action), action.name)
+
         def button(action: Confirmation) -> URLPattern:
             def answer(request: HttpRequest, object_id: str) -> HttpResponse:
                 return self.button_view(request, object_id, action)
@@ -409,6 +424,7 @@ class JobAdmin(JobAdminBase):
             view(lambda request: pause_admin.answer(request, resuming=False), "pause"),
             view(lambda request: pause_admin.answer(request, resuming=True), "resume"),
             view(self.cleanup_view, "cleanup"),
+            *(bulk_view(action) for action in bulk_actions.BULK_ACTIONS),
             button(RETRY),
             button(CANCEL),
             *super().get_urls(),
@@ -462,6 +478,8 @@ class JobAdmin(JobAdminBase):
     ) -> HttpResponse:
         extra = {
             "can_cleanup": self.has_cleanup_permission(request),
+            "bulk_links": bulk_actions.links(self, request),
+            "error_groups": error_groups_of_list(request),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra)

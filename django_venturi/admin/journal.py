@@ -16,7 +16,14 @@ from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
-from django_venturi.admin.display import cut, date_over_time, run_duration, to_the_second
+from django_venturi.admin.display import (
+    cut,
+    date_over_time,
+    error_cell,
+    run_duration,
+    to_the_second,
+)
+from django_venturi.admin.filters import FinishedFilter, JournalErrorTypeFilter, JournalKindFilter
 from django_venturi.admin.job_list import (
     EstimatedCountPaginator,
     checked_changelist,
@@ -48,7 +55,12 @@ class JournalEntryAdmin(JournalEntryAdminBase):
         "duration",
         "error_cell",
     )
-    list_filter = ("outcome",)
+    list_filter = (
+        "outcome",
+        JournalKindFilter,
+        JournalErrorTypeFilter,
+        ("finished_at", FinishedFilter),
+    )
     list_select_related = ("job",)
     search_fields = ("job__kind", "error_type", "error_message")
     search_help_text = (
@@ -89,8 +101,10 @@ class JournalEntryAdmin(JournalEntryAdminBase):
     def error_cell(self, entry: JournalEntry) -> SafeString | str:
         if not entry.error_type:
             return "-"
+        mask = job_mask(entry.job)
         summary = ErrorInfo(entry.error_type, entry.error_message).summary()
-        return cut(job_mask(entry.job).text(summary))
+        whole = f"{entry.error_type}: {entry.error_message}"
+        return error_cell(mask.text(summary), mask.text(whole))
 
     @admin.display(description="error message")
     def error_message_text(self, entry: JournalEntry) -> str:

@@ -154,6 +154,8 @@ applied AS (
         started_at = verdict.started_at,
         last_error = CASE WHEN verdict.error_type = '' THEN job.last_error
                           ELSE verdict.error_type || ': ' || verdict.error_message END,
+        error_type = CASE WHEN verdict.error_type = '' THEN job.error_type
+                          ELSE verdict.error_type END,
         claim_token = NULL,
         lease_expires_at = NULL
     FROM verdict
@@ -387,6 +389,7 @@ def _apply_orm(
         changes["result"] = verdict.result
     if verdict.error.type:
         changes["last_error"] = f"{verdict.error.type}: {verdict.error.message}"
+        changes["error_type"] = verdict.error.type
     fenced = Job.objects.using(alias).filter(
         fence or Q(), id=verdict.job.id, claim_token=verdict.job.claim_token, state=State.RUNNING
     )

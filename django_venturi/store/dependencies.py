@@ -426,6 +426,7 @@ def _cancel(
             finished_at=now,
             waiting_for=0,
             last_error=f"{DEPENDENCY_FAILED}: {reason}",
+            error_type=DEPENDENCY_FAILED,
         )
         entries.append(
             JournalEntry(

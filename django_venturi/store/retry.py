@@ -30,6 +30,8 @@ from django_venturi.store.clock import now_expression
 from django_venturi.store.notify import wake_workers
 
 RETRYABLE_STATES = (State.READY, State.FAILED)
+_AGAIN = {"state": State.READY, "finished_at": None, "cancel_requested_at": None, "failures": 0}
+"""What a failed job's row becomes (with `run_at` = now)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,23 +68,21 @@ def retry_now(job_ids: Iterable[int], *, using: str | None = None) -> RetryResul
         ready = [job_id for job_id, state, *_ in rows if state == State.READY]
         jobs.filter(id__in=ready).update(run_at=now)
         retried.extend(ready)
+        # Without a dedup key no ready job can clash: those are one statement.
+        unkeyed = [row[0] for row in rows if row[1] == State.FAILED and row[4] is None]
+        jobs.filter(id__in=unkeyed, state=State.FAILED).update(**_AGAIN, run_at=now)
+        retried.extend(unkeyed)
         for job_id, state, _, kind, key in rows:
-            if state != State.FAILED:
+            if state != State.FAILED or key is None:
                 continue
             try:
                 with transaction.atomic(using=alias):  # a savepoint: a clash undoes this job only
-                    jobs.filter(id=job_id, state=State.FAILED).update(
-                        state=State.READY,
-                        run_at=now,
-                        finished_at=None,
-                        cancel_requested_at=None,
-                        failures=0,
-                    )
+                    jobs.filter(id=job_id, state=State.FAILED).update(**_AGAIN, run_at=now)
             except IntegrityError:
                 # The dedup index refused it if a ready job of its key is there now (the
                 # statement waited for the other transaction); anything else is not ours.
                 twin = jobs.filter(kind=kind, dedup_key=key, state=State.READY)
-                if key is None or not twin.exists():
+                if not twin.exists():
                     raise
                 clashes.append(job_id)
             else:
