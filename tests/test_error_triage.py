@@ -259,3 +259,13 @@ def test_cancel_all_in_a_filter_cancels_ready_jobs_and_stops_a_running_one(
     assert cancelled.count() == 2_501
     assert Job.objects.get(pk=untouched.pk).state == "ready"
     assert "learnt by notification" in workers.log()
+
+
+@pytest.mark.django_db
+def test_a_filter_the_list_cannot_use_stops_the_bulk_actions(admin_client: Client) -> None:
+    """An unusable filter would otherwise select every job: nothing is done, a message says so."""
+    ready = tasks.Noop(n=1).enqueue()
+    response = admin_client.post(f"{CANCEL_ALL}?attempt=x", {"post": "yes"}, follow=True)
+    said = [str(message) for message in response.context["messages"]]
+    assert "Cancel all in this filter: the filter cannot be used; nothing was done." in said
+    assert Job.objects.get(pk=ready.pk).state == "ready"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -104,7 +105,11 @@ def answer(model_admin: JobAdmin, request: HttpRequest, action: BulkAction) -> H
         return HttpResponseNotAllowed(["GET", "POST"])
     if not allowed(model_admin, request, action):
         raise PermissionDenied
-    changelist = model_admin.get_changelist_instance(request)
+    try:
+        changelist = model_admin.get_changelist_instance(request)
+    except IncorrectLookupParameters:  # never act on more than the filter meant
+        messages.error(request, f"{action.label}: the filter cannot be used; nothing was done.")
+        return HttpResponseRedirect(reverse("admin:django_venturi_job_changelist"))
     queryset: QuerySet[Job] = changelist.get_queryset(request)
     if request.method != "POST":
         return confirm(model_admin, request, queryset, action)
