@@ -19,6 +19,7 @@ from django_venturi.admin.display import cut_between_words, error_cell
 from django_venturi.admin.error_groups import error_groups
 from django_venturi.admin.filters import error_types
 from django_venturi.models import Job, JournalEntry
+from django_venturi.store.bulk_actions import retry_all
 from django_venturi.store.error_types import error_type_of
 from tests.conftest import Workers, wait_until
 from tests.test_admin import finished, staff
@@ -269,3 +270,25 @@ def test_a_filter_the_list_cannot_use_stops_the_bulk_actions(admin_client: Clien
     said = [str(message) for message in response.context["messages"]]
     assert "Cancel all in this filter: the filter cannot be used; nothing was done." in said
     assert Job.objects.get(pk=ready.pk).state == "ready"
+
+
+@pytest.mark.django_db
+def test_a_bulk_action_out_of_time_says_so_and_the_next_press_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bulk_actions, "BATCH_SIZE", 100)
+    monkeypatch.setattr(bulk_actions, "TIME_BUDGET", 0.0)  # one batch per request
+    Job.objects.bulk_create(Job(kind="tests.noop", payload={"n": n}) for n in range(250))
+    canceller = staff("cancel_job")
+    said = []
+    for _ in range(3):
+        done = canceller.post(f"{CANCEL_ALL}?kind=tests.noop", {"post": "yes"}, follow=True)
+        said.append(str(next(iter(done.context["messages"]))))
+        cancelled = Job.objects.filter(state="cancelled").count()
+        assert cancelled == min(100 * len(said), 250)
+    assert said[0].startswith("100 jobs cancelled; 0 jobs running asked to stop. Stopped after")
+    assert said[2].startswith("50 jobs cancelled; 0 jobs running asked to stop. (1 batch,")
+    with pytest.raises(ValueError, match="batch_size: expected a positive number of jobs"):
+        retry_all(Job.objects.all(), batch_size=0)
+    with pytest.raises(ValueError, match="time_budget: expected seconds"):
+        retry_all(Job.objects.all(), time_budget=-1)

@@ -39,6 +39,9 @@ logger = logging.getLogger("django_venturi.admin")
 
 LISTED = 20
 """The confirmation page names the newest this many jobs of the filter."""
+TIME_BUDGET = 20.0
+"""Seconds after which a request starts no further batch: it answers well before the
+usual 30 to 60 s proxy timeouts, and says what is left to do (the action again does it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,7 @@ def answer(model_admin: JobAdmin, request: HttpRequest, action: BulkAction) -> H
     if request.method != "POST":
         return confirm(model_admin, request, queryset, action)
     started = time.monotonic()
-    result = action.run(queryset, batch_size=BATCH_SIZE)
+    result = action.run(queryset, batch_size=BATCH_SIZE, time_budget=TIME_BUDGET)
     seconds = time.monotonic() - started
     said = summary(action, result)
     journal(request, action, said)
@@ -125,7 +128,8 @@ def answer(model_admin: JobAdmin, request: HttpRequest, action: BulkAction) -> H
         said,
         extra={"action": action.name, "jobs": result.done, "seconds": round(seconds, 3)},
     )
-    messages.success(request, f"{said} ({result.batches} batches, {seconds:.1f} s)")
+    batches = "1 batch" if result.batches == 1 else f"{result.batches} batches"
+    messages.success(request, f"{said} ({batches}, {seconds:.1f} s)")
     query = request.GET.urlencode()
     changelist_url = reverse("admin:django_venturi_job_changelist")
     return HttpResponseRedirect(f"{changelist_url}?{query}" if query else changelist_url)
@@ -136,8 +140,11 @@ def summary(action: BulkAction, result: BulkResult) -> str:
         said = f"{jobs(result.done)} will run now."
         if result.clashes:
             said += f" {jobs(result.clashes)} left failed: a ready job holds their dedup key."
-        return said
-    return f"{jobs(result.done)} cancelled; {jobs(result.stopping)} running asked to stop."
+    else:
+        said = f"{jobs(result.done)} cancelled; {jobs(result.stopping)} running asked to stop."
+    if not result.complete:
+        said += f" Stopped after {TIME_BUDGET:.0f} s to answer in time: run it again for the rest."
+    return said
 
 
 def journal(request: HttpRequest, action: BulkAction, said: str) -> None:

@@ -7,6 +7,12 @@ claiming and finishing meanwhile, and a cancel reaches running jobs as a
 single cancel does (their workers are notified at each batch's commit). A
 job that enters the query after the walk passed its id is not touched.
 
+With a `time_budget` the walk stops starting batches once that many seconds
+have passed (the admin's request must answer before a proxy's timeout), and
+says so (`complete` is False); running the same action again goes on with
+what is left, since what was done no longer matches (a retried job is not
+failed any more, a cancelled one is finished).
+
 Errors: the database's errors as they are; the batches committed before one
 failed stay done (the totals so far are lost with the exception).
 """
@@ -14,6 +20,7 @@ failed stay done (the totals so far are lost with the exception).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -43,43 +50,65 @@ class BulkResult:
     clashes: int = 0
     """Failed jobs left failed by a retry: another ready job holds their kind and dedup key."""
     batches: int = 0
+    complete: bool = True
+    """False when the time budget ran out first: the rest of the query is left as it is."""
 
 
-def id_batches(queryset: QuerySet[Job], batch_size: int) -> Iterator[list[int]]:
-    """The ids of `queryset`, newest first, `batch_size` at a time, read batch by batch."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive number of jobs, got {batch_size!r}")
-    ordered = queryset.order_by("-id").values_list("id", flat=True)
-    before: int | None = None
-    while True:
-        page = ordered if before is None else ordered.filter(id__lt=before)
-        ids = list(page[:batch_size])
-        if not ids:
-            return
-        yield ids
-        before = ids[-1]
+class IdBatches:
+    """The ids of a query, newest first, `batch_size` at a time, read batch by batch, until
+    none is left or `time_budget` seconds have passed (at least one batch runs)."""
+
+    def __init__(self, queryset: QuerySet[Job], batch_size: int, time_budget: float | None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive number of jobs, got {batch_size!r}")
+        if time_budget is not None and time_budget < 0:
+            raise ValueError(f"time_budget: expected seconds (0 or more), got {time_budget!r}")
+        self.ordered = queryset.order_by("-id").values_list("id", flat=True)
+        self.batch_size = batch_size
+        self.deadline = None if time_budget is None else time.monotonic() + time_budget
+        self.complete = False
+        self.count = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        before: int | None = None
+        while True:
+            page = self.ordered if before is None else self.ordered.filter(id__lt=before)
+            ids = list(page[: self.batch_size])
+            if not ids:
+                self.complete = True
+                return
+            if self.count and self.deadline is not None and time.monotonic() >= self.deadline:
+                return
+            self.count += 1
+            yield ids
+            before = ids[-1]
 
 
-def retry_all(queryset: QuerySet[Job], *, batch_size: int = BATCH_SIZE) -> BulkResult:
-    """Retry now every ready or failed job of `queryset` (`retry.retry_now`), in batches."""
-    retryable = queryset.filter(state__in=RETRYABLE_STATES)
-    done = clashes = batches = 0
-    for ids in id_batches(retryable, batch_size):
+def retry_all(
+    queryset: QuerySet[Job], *, batch_size: int = BATCH_SIZE, time_budget: float | None = None
+) -> BulkResult:
+    """Retry now every ready or failed job of `queryset` (`retry.retry_now`), in batches,
+    for at most about `time_budget` seconds (None: until done)."""
+    batches = IdBatches(queryset.filter(state__in=RETRYABLE_STATES), batch_size, time_budget)
+    done = clashes = 0
+    for ids in batches:
         result = retry_now(ids, using=queryset.db)
         done += len(result.retried)
         clashes += len(result.clashes)
-        batches += 1
-    return BulkResult(done=done, clashes=clashes, batches=batches)
+    return BulkResult(done, clashes=clashes, batches=batches.count, complete=batches.complete)
 
 
-def cancel_all(queryset: QuerySet[Job], *, batch_size: int = BATCH_SIZE) -> BulkResult:
-    """Cancel every unfinished job of `queryset` (`cancel.cancel`), in batches."""
+def cancel_all(
+    queryset: QuerySet[Job], *, batch_size: int = BATCH_SIZE, time_budget: float | None = None
+) -> BulkResult:
+    """Cancel every unfinished job of `queryset` (`cancel.cancel`), in batches, for at most
+    about `time_budget` seconds (None: until done)."""
     unfinished = queryset.filter(state__in=(*UNCLAIMED_STATES, State.RUNNING))
-    done = stopping = batches = 0
-    for ids in id_batches(unfinished, batch_size):
+    batches = IdBatches(unfinished, batch_size, time_budget)
+    done = stopping = 0
+    for ids in batches:
         with transaction.atomic(using=queryset.db):
             result = cancel(ids, using=queryset.db)
         done += result.cancelled
         stopping += result.stopping
-        batches += 1
-    return BulkResult(done=done, stopping=stopping, batches=batches)
+    return BulkResult(done, stopping=stopping, batches=batches.count, complete=batches.complete)
