@@ -9,6 +9,9 @@ else: it is the top of the house.
 - `periodic`: the periodic tasks' page: next runs, last run, enabled or not;
 - `schedule_actions`: its run now, disable and enable, their confirmation page and permission;
 - `job_list`: the job list's estimated count, filters, search and columns' rules;
+- `filters`: the error type, kind and date filters of the job list and the journal;
+- `error_groups`: the current errors grouped by type and first line, with links;
+- `bulk_actions`: retry all and cancel all in this filter, in batches;
 - `job_page`: a job's page: its form, journal inline, state history, workflow links;
 - `actions`: retry now and cancel, their confirmation page and the job page's buttons;
 - `cleanup`: the cleanup page for old finished jobs;
