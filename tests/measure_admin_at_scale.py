@@ -4,9 +4,10 @@
         python -m tests.measure_admin_at_scale [--rows 1000000]
 
 Builds its own database (`venturi_admin_scale`), fills it with `generate_series`
-(most jobs finished, some failed with an error, some ready and running, ten kinds,
-three queues), then loads each admin page a few times with Django's test client
-and prints the number of queries and the best and median time of each.
+(most jobs finished, some failed with an error of one of three types, some ready
+and running, ten kinds, three queues), then loads each admin page a few times
+with Django's test client and prints the number of queries and the best and
+median time of each.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import os
 import statistics
 import time
+from datetime import timedelta
+from urllib.parse import quote
 
 DATABASE = "venturi_admin_scale" + os.environ.get("VENTURI_TEST_RUN", "")
 
@@ -54,7 +57,7 @@ def fill(rows: int) -> None:
             INSERT INTO django_venturi_job (
                 kind, queue, priority, rank, state, payload, merged_count, attempt, failures,
                 run_at, enqueued_at, started_at, finished_at, claim_token, claimed_by,
-                lease_expires_at, last_error, dedup_key)
+                lease_expires_at, last_error, error_type, dedup_key)
             SELECT
                 (ARRAY['tests.noop','tests.flaky','tests.permanent','tests.sleeper',
                        'tests.recompute','tests.latest','tests.async','tests.chaos',
@@ -72,8 +75,9 @@ def fill(rows: int) -> None:
                 CASE WHEN s.state = 'running' THEN gen_random_uuid() END,
                 CASE WHEN s.state = 'running' THEN 'scale:1:abc' ELSE '' END,
                 CASE WHEN s.state = 'running' THEN now() + interval '5 minutes' END,
-                CASE WHEN s.state = 'failed' THEN 'ValueError: order ' || i || ' broken'
+                CASE WHEN s.state = 'failed' THEN e.error_type || ': order ' || i || ' broken'
                      ELSE '' END,
+                CASE WHEN s.state = 'failed' THEN e.error_type ELSE '' END,
                 CASE WHEN i %% 50 = 0 AND s.state <> 'ready' THEN 'key:' || i END
             FROM generate_series(1, %s) AS i,
             LATERAL (SELECT CASE
@@ -81,7 +85,11 @@ def fill(rows: int) -> None:
                 WHEN i %% 100 < 90 THEN 'failed'
                 WHEN i %% 100 < 95 THEN 'ready'
                 WHEN i %% 100 < 98 THEN 'cancelled'
-                ELSE 'running' END AS state) AS s
+                ELSE 'running' END AS state) AS s,
+            -- Most failures of one type, a few of a rare one (the filter's worst case).
+            LATERAL (SELECT CASE WHEN i %% 1000 = 85 THEN 'shop.errors.PaymentDeclined'
+                                 WHEN i %% 7 = 0 THEN 'builtins.KeyError'
+                                 ELSE 'builtins.ValueError' END AS error_type) AS e
             """,
             [rows],
         )
@@ -93,6 +101,7 @@ def measure(repeat: int) -> None:
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext, setup_test_environment
+    from django.utils import timezone
 
     from django_venturi.models import Job
 
@@ -105,13 +114,21 @@ def measure(repeat: int) -> None:
     client = Client()
     client.force_login(user)
     some_failed = Job.objects.filter(state="failed").order_by("-id").values_list("id", flat=True)[0]
+    midnight = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    today = quote(midnight.isoformat())
+    week_ago = quote((midnight - timedelta(days=7)).isoformat())
     pages = {
         "list": "",
         "list, page 200": "?p=200",
         "state=failed": "?state=failed",
         "state=ready": "?state=ready",
         "kind=tests.noop": "?kind=tests.noop",
-        "has_error=yes": "?has_error=yes",
+        "has_error=yes (error groups)": "?has_error=yes",
+        "error_type=ValueError": "?error_type=builtins.ValueError",
+        "error_type=rare": "?error_type=shop.errors.PaymentDeclined",
+        "enqueued today": f"?enqueued_at__gte={today}",
+        "finished past 7 days": f"?finished_at__gte={week_ago}",
+        "journal, kind=tests.noop": "../journalentry/?kind=tests.noop",
         "queue=mail&priority=0": "?queue=mail&priority=0",
         "sorted by enqueued_at": "?o=-8",
         "search exact id": f"?q={some_failed}",

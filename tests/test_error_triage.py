@@ -3,12 +3,14 @@ and retry all / cancel all in this filter, with and without their permissions.""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -17,11 +19,12 @@ import django_venturi as venturi
 from django_venturi.admin import bulk_actions
 from django_venturi.admin.display import cut_between_words, error_cell
 from django_venturi.admin.error_groups import error_groups
-from django_venturi.admin.filters import error_types
+from django_venturi.admin.filters import ERROR_TYPES_SQL, ErrorTypeFilter, error_types
 from django_venturi.models import Job, JournalEntry
 from django_venturi.store.bulk_actions import retry_all
 from django_venturi.store.error_types import error_type_of
 from tests.conftest import Workers, wait_until
+from tests.query_plans import most_rows_read_by_one_node
 from tests.test_admin import finished, staff
 from tests.testapp import tasks
 from tests.testapp.control_tasks import Cancellable
@@ -292,3 +295,37 @@ def test_a_bulk_action_out_of_time_says_so_and_the_next_press_goes_on(
         retry_all(Job.objects.all(), batch_size=0)
     with pytest.raises(ValueError, match="time_budget: expected seconds"):
         retry_all(Job.objects.all(), time_budget=-1)
+
+
+# ---------------------------------------------------------------- plans on a large table
+
+
+def explained(sql: str, params: Any) -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_error_types_and_their_filter_read_the_index_not_the_table() -> None:
+    """50,000 finished jobs beside a few failed ones, not analysed: the list of types
+    and the filter by a rare type read a handful of index entries, never the table."""
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO {table} (kind, queue, priority, state, payload, attempt, failures,
+                                     run_at, enqueued_at, finished_at, claimed_by, last_error,
+                                     error_type)
+                SELECT 'tests.noop', 'default', 1, 'completed', '{{"n": 0}}', 1, 0,
+                       now(), now(), now(), '', '', '' FROM generate_series(1, 50000) AS i"""
+        )
+    for error_type in ("a.Rare", "b.Other", "c.Third"):
+        failed_with(error_type, "broken")
+    sql = ERROR_TYPES_SQL.format(job=table)
+    assert most_rows_read_by_one_node(explained(sql, [100])) <= 10
+    rare = ErrorTypeFilter(None, {"error_type": ["a.Rare"]}, Job, None)
+    queryset = rare.queryset(None, Job.objects.order_by("-id"))[:50]  # as the list pages it
+    plan = explained(*queryset.query.sql_with_params())
+    assert "venturi_job_error_type_idx" in json.dumps(plan)
+    assert most_rows_read_by_one_node(plan) <= 10
+    assert error_types() == ["a.Rare", "b.Other", "c.Third"]

@@ -35,7 +35,7 @@ run; the list does not show it as if it were the job's trouble now.
 
 # PostgreSQL has no skip scan before 18: each step asks the index for the next type
 # after the last one found, so the cost is one probe per distinct type.
-_ERROR_TYPES_SQL = """
+ERROR_TYPES_SQL = """
 WITH RECURSIVE found(error_type) AS (
     (SELECT error_type FROM {job} WHERE error_type <> '' ORDER BY error_type LIMIT 1)
     UNION ALL
@@ -58,7 +58,7 @@ def error_types(using: str | None = None) -> list[str]:
         return list(found[:ERROR_TYPES_LISTED])
     with connection.cursor() as cursor:
         cursor.execute(
-            _ERROR_TYPES_SQL.format(job=connection.ops.quote_name(Job._meta.db_table)),
+            ERROR_TYPES_SQL.format(job=connection.ops.quote_name(Job._meta.db_table)),
             [ERROR_TYPES_LISTED],
         )
         return [row[0] for row in cursor.fetchall()]
