@@ -137,11 +137,13 @@ class Job(models.Model):
                 condition=Q(state=State.RUNNING),
             ),
             models.Index(fields=["kind", "state"], name="venturi_job_kind_state_idx"),
-            # The admin's error type filter and error groups: only rows that ever failed.
+            # The admin's error type filter and error groups: the jobs whose error is
+            # current (failed, or ready again after a failed run), newest first per type.
             models.Index(
                 fields=["error_type", "id"],
                 name="venturi_job_error_type_idx",
-                condition=~Q(error_type=""),
+                condition=~Q(error_type="")
+                & (Q(state=State.FAILED) | Q(state=State.READY, failures__gt=0)),
             ),
             # A new job with a dedup key finds the running jobs of its key here.
             models.Index(

@@ -19,7 +19,12 @@ import django_venturi as venturi
 from django_venturi.admin import bulk_actions
 from django_venturi.admin.display import cut_between_words, error_cell
 from django_venturi.admin.error_groups import error_groups
-from django_venturi.admin.filters import ERROR_TYPES_SQL, ErrorTypeFilter, error_types
+from django_venturi.admin.filters import (
+    CURRENT_ERROR_SQL,
+    ERROR_TYPES_SQL,
+    ErrorTypeFilter,
+    error_types,
+)
 from django_venturi.models import Job, JournalEntry
 from django_venturi.store.bulk_actions import retry_all
 from django_venturi.store.error_types import error_type_of
@@ -321,7 +326,7 @@ def test_error_types_and_their_filter_read_the_index_not_the_table() -> None:
         )
     for error_type in ("a.Rare", "b.Other", "c.Third"):
         failed_with(error_type, "broken")
-    sql = ERROR_TYPES_SQL.format(job=table)
+    sql = ERROR_TYPES_SQL.format(job=table, current=CURRENT_ERROR_SQL)
     assert most_rows_read_by_one_node(explained(sql, [100])) <= 10
     rare = ErrorTypeFilter(None, {"error_type": ["a.Rare"]}, Job, None)
     queryset = rare.queryset(None, Job.objects.order_by("-id"))[:50]  # as the list pages it
@@ -329,3 +334,21 @@ def test_error_types_and_their_filter_read_the_index_not_the_table() -> None:
     assert "venturi_job_error_type_idx" in json.dumps(plan)
     assert most_rows_read_by_one_node(plan) <= 10
     assert error_types() == ["a.Rare", "b.Other", "c.Third"]
+
+
+@pytest.mark.django_db
+def test_a_type_no_job_has_now_filters_to_nothing_and_cancel_all_does_nothing(
+    admin_client: Client,
+) -> None:
+    """Django drops a filter that offers no choice: the selected type is always offered."""
+    ready = tasks.Noop(n=1).enqueue()
+    assert listed(admin_client, CHANGELIST, error_type="gone.Error") == set()
+    admin_client.post(f"{CANCEL_ALL}?error_type=gone.Error", {"post": "yes"})
+    assert Job.objects.get(pk=ready.pk).state == "ready"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("parameter", ["kind", "queue"])
+def test_a_kind_or_queue_no_task_names_still_filters(admin_client: Client, parameter: str) -> None:
+    tasks.Noop(n=1).enqueue()
+    assert listed(admin_client, CHANGELIST, **{parameter: "nobody.registers.this"}) == set()

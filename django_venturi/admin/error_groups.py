@@ -23,7 +23,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 
 from django_venturi.admin.display import cut_between_words
-from django_venturi.admin.filters import CURRENT_ERROR, error_types
+from django_venturi.admin.filters import TYPED_CURRENT_ERROR, error_types
 from django_venturi.admin.masking import job_mask
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job
@@ -70,7 +70,7 @@ def error_groups(kind: str | None = None, *, using: str | None = None) -> list[E
 
 
 def _groups_of_type(alias: str, error_type: str, kind: str | None) -> list[ErrorGroup]:
-    jobs = Job.objects.using(alias).filter(CURRENT_ERROR, error_type=error_type)
+    jobs = Job.objects.using(alias).filter(TYPED_CURRENT_ERROR, error_type=error_type)
     if kind is not None:
         jobs = jobs.filter(kind=kind)
     rows = list(jobs.order_by("-id")[:PER_TYPE])

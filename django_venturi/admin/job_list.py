@@ -28,7 +28,7 @@ from django.utils.text import smart_split, unescape_string_literal
 
 from django_venturi.admin import masking
 from django_venturi.admin.display import short_age
-from django_venturi.admin.filters import CURRENT_ERROR
+from django_venturi.admin.filters import CURRENT_ERROR, with_selected
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job
 from django_venturi.payloads import text
@@ -154,7 +154,7 @@ class KindFilter(admin.SimpleListFilter):
     parameter_name = "kind"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(kind, kind) for kind in sorted(registry.kinds())]
+        return with_selected(sorted(registry.kinds()), self.value())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(kind=self.value()) if self.value() else queryset
@@ -169,7 +169,7 @@ class QueueFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         queues = {venturi_settings.DEFAULT_QUEUE}
         queues.update(spec.queue for spec in registry.specs() if spec.queue)
-        return [(queue, queue) for queue in sorted(queues)]
+        return with_selected(sorted(queues), self.value())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(queue=self.value()) if self.value() else queryset

@@ -4,7 +4,8 @@ The column is added with a constant default (no table rewrite on PostgreSQL 11+)
 Rows that failed before it existed get their type derived from `last_error`
 (`store.error_types.error_type_of`), a batch of ids at a time, each batch its own
 short transaction (`atomic = False`), so a large table is never locked whole.
-The partial index on the typed rows is then built concurrently on PostgreSQL.
+The partial index on the typed rows whose error is current (failed, or ready
+again after a failed run) is then built concurrently on PostgreSQL.
 """
 
 from typing import Any
@@ -64,7 +65,14 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name="job",
             index=models.Index(
-                condition=models.Q(("error_type", ""), _negated=True),
+                condition=models.Q(
+                    models.Q(("error_type", ""), _negated=True),
+                    models.Q(
+                        ("state", "failed"),
+                        models.Q(("failures__gt", 0), ("state", "ready")),
+                        _connector="OR",
+                    ),
+                ),
                 fields=["error_type", "id"],
                 name="venturi_job_error_type_idx",
             ),
