@@ -87,6 +87,7 @@ DJANGO_FACING = frozenset(
         "docs_examples",
         "docs_testing_example",
         "enqueue",
+        "error_triage",
         "example_project",
         "first_contact",
         "migrations",

@@ -128,7 +128,7 @@ def measure(repeat: int) -> None:
         "error_type=rare": "?error_type=shop.errors.PaymentDeclined",
         "enqueued today": f"?enqueued_at__gte={today}",
         "finished past 7 days": f"?finished_at__gte={week_ago}",
-        "journal, kind=tests.noop": "../journalentry/?kind=tests.noop",
+        "journal, kind=tests.noop": "/admin/django_venturi/journalentry/?kind=tests.noop",
         "queue=mail&priority=0": "?queue=mail&priority=0",
         "sorted by enqueued_at": "?o=-8",
         "search exact id": f"?q={some_failed}",
@@ -138,7 +138,7 @@ def measure(repeat: int) -> None:
     }
     print(f"{'page':28} {'queries':>7} {'best ms':>8} {'median ms':>9}")
     for label, suffix in pages.items():
-        url = "/admin/django_venturi/job/" + suffix
+        url = suffix if suffix.startswith("/") else "/admin/django_venturi/job/" + suffix
         timings = []
         for _ in range(repeat):
             with CaptureQueriesContext(connection) as captured:

@@ -3,14 +3,17 @@ and retry all / cancel all in this filter, with and without their permissions.""
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.db import connection
+from django.core.management import call_command
+from django.db import connection, connections
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -34,6 +37,8 @@ from tests.test_admin import finished, staff
 from tests.testapp import tasks
 from tests.testapp.control_tasks import Cancellable
 from tests.testapp.models import Record
+
+error_type_migration = importlib.import_module("django_venturi.migrations.0017_error_type")
 
 CHANGELIST = reverse("admin:django_venturi_job_changelist")
 JOURNAL = reverse("admin:django_venturi_journalentry_changelist")
@@ -352,3 +357,32 @@ def test_a_type_no_job_has_now_filters_to_nothing_and_cancel_all_does_nothing(
 def test_a_kind_or_queue_no_task_names_still_filters(admin_client: Client, parameter: str) -> None:
     tasks.Noop(n=1).enqueue()
     assert listed(admin_client, CHANGELIST, **{parameter: "nobody.registers.this"}) == set()
+
+
+@pytest.fixture
+def restores_schema(alias: str) -> Iterator[None]:
+    yield
+    call_command("migrate", database=alias, verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+@pytest.mark.usefixtures("restores_schema")
+def test_the_migration_derives_old_rows_error_types_in_batches(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(error_type_migration, "BATCH", 2)  # several batches
+    call_command("migrate", "django_venturi", "0015_schedule_state", database=alias, verbosity=0)
+    errors = ["builtins.ValueError: bad\nTraceback", "merged into job #1", "", "x.Y: z", "a.B: c"]
+    table = connections[alias].ops.quote_name("django_venturi_job")
+    with connections[alias].cursor() as cursor:
+        for last_error in errors:
+            cursor.execute(
+                f"INSERT INTO {table} (kind, queue, priority, rank, state, payload, merged_count,"
+                " attempt, failures, run_at, enqueued_at, claimed_by, last_error, waiting_for,"
+                " dependents) VALUES ('tests.noop', 'default', 1, 0, 'ready', '{}', 0, 0, 0,"
+                " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, '', %s, 0, 0)",
+                [last_error],
+            )
+    call_command("migrate", "django_venturi", "0017_error_type", database=alias, verbosity=0)
+    stored = Job.objects.using(alias).order_by("id").values_list("error_type", flat=True)
+    assert list(stored) == ["builtins.ValueError", "", "", "x.Y", "a.B"]
