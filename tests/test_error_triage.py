@@ -386,3 +386,15 @@ def test_the_migration_derives_old_rows_error_types_in_batches(
     call_command("migrate", "django_venturi", "0017_error_type", database=alias, verbosity=0)
     stored = Job.objects.using(alias).order_by("id").values_list("error_type", flat=True)
     assert list(stored) == ["builtins.ValueError", "", "", "x.Y", "a.B"]
+
+
+@pytest.mark.django_db
+def test_the_job_list_shows_the_largest_twenty_groups(admin_client: Client) -> None:
+    for n in range(25):
+        for _ in range(1 + (n == 7)):
+            failed_with("builtins.ValueError", f"order {n} broken")
+    page = admin_client.get(f"{CHANGELIST}?has_error=yes").content.decode()
+    assert "builtins.ValueError</a>" not in page  # the short name links; the type is its title
+    assert page.count('title="builtins.ValueError">ValueError</a>') == 20
+    assert page.index("order 7 broken") < page.index("order 24 broken")  # the largest first
+    assert "And 5 smaller groups" in page
