@@ -10,7 +10,8 @@ fills it with `--jobs` ready jobs beside as many completed ones and posts
 "Cancel all in this filter" for their kind, with Django's test client: the whole
 request as an operator's browser sends it, its batches included. It prints the
 median wall time of each request and this process's CPU time per job (the
-server's own is not counted), and checks that every job of the filter changed.
+server's own is not counted), and says when a request stopped at its time
+budget before every job of the filter changed.
 """
 
 from __future__ import annotations
@@ -114,8 +115,10 @@ def one_round(name: str, jobs: int) -> tuple[float, float]:
     changed = Job.objects.filter(kind=KIND, state="ready" if retrying else "cancelled")
     if retrying:
         changed = changed.filter(failures=0)
-    assert changed.count() == jobs, (name, changed.count())
-    return wall, cpu / jobs * 1e6
+    done = changed.count()
+    if done < jobs:  # the request's time budget ran out (`admin.bulk_actions.TIME_BUDGET`)
+        print(f"  {name}: {done:,} of {jobs:,} jobs in the request, then its time budget ran out")
+    return wall, cpu / max(done, 1) * 1e6
 
 
 if __name__ == "__main__":
