@@ -76,13 +76,14 @@ def test_the_error_type_of_an_old_last_error(last_error: str, expected: str) -> 
     assert error_type_of(last_error) == expected
 
 
-@pytest.mark.django_db
-def test_a_verdict_stores_the_error_type_beside_the_last_error() -> None:
-    failing = tasks.Permanent().enqueue()
-    retrying = tasks.AlwaysFails().enqueue()
-    done = tasks.Noop(n=1).enqueue()
-    venturi.testing.drain()  # AlwaysFails runs three times, then gives up
-    rows = {job.pk: job for job in Job.objects.all()}
+@pytest.mark.django_db(databases=["default", "sqlite"])
+def test_a_verdict_stores_the_error_type_beside_the_last_error(alias: str) -> None:
+    """PostgreSQL writes verdicts in one statement, SQLite through the ORM: both store it."""
+    failing = tasks.Permanent().enqueue(using=alias)
+    retrying = tasks.AlwaysFails().enqueue(using=alias)
+    done = tasks.Noop(n=1).enqueue(using=alias)
+    venturi.testing.drain(using=alias)  # AlwaysFails runs three times, then gives up
+    rows = {job.pk: job for job in Job.objects.using(alias)}
     assert rows[failing.pk].error_type == "django_venturi.outcomes.TaskError"
     assert rows[retrying.pk].error_type == "builtins.ValueError"
     assert rows[retrying.pk].last_error.startswith("builtins.ValueError: gave up after 3")
