@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 SYSTEM_USER = "embedded_postgres"
 """The unprivileged user the server runs as when the suite runs as root."""
@@ -88,8 +89,9 @@ def start() -> EmbeddedServer:
     atexit.register(stop, server, os.getpid())
     server.data.mkdir()
     if server.user is not None:
-        shutil.chown(directory, server.user)
-        shutil.chown(server.data, server.user)
+        entry = pwd.getpwnam(server.user)
+        for path in (directory, server.data):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
     run(server, bin_path / "initdb", "--auth=trust", "--encoding=utf8", "-U", "postgres")
     options = (
         f"-h 127.0.0.1 -p {server.port} -k '' -c fsync=off -c full_page_writes=off "
@@ -116,11 +118,20 @@ def unprivileged_user(bin_path: Path, directory: Path) -> str | None:
     return SYSTEM_USER
 
 
+def as_user(server: EmbeddedServer) -> dict[str, Any]:
+    """subprocess's arguments that run a command as the server's user, in its group only:
+    with root's group kept, a directory of mode 701 above the wheel would bar it."""
+    if server.user is None:
+        return {}
+    entry = pwd.getpwnam(server.user)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
 def run(server: EmbeddedServer, executable: Path, *args: str) -> None:
     """Run one of the wheel's commands on the server's data directory, as its user."""
     result = subprocess.run(
         [str(executable), "-D", str(server.data), *args],
-        user=server.user,
+        **as_user(server),
         cwd=server.directory,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,  # pg_ctl's server keeps a pipe open: never capture
@@ -145,7 +156,7 @@ def stop(server: EmbeddedServer, starter: int) -> None:
     if (server.data / "postmaster.pid").exists():
         subprocess.run(
             [str(binaries() / "pg_ctl"), "-D", str(server.data), "-w", "-m", "fast", "stop"],
-            user=server.user,
+            **as_user(server),
             cwd=server.directory,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -92,3 +92,17 @@ def test_ci_runs_every_python_and_django_version_pyproject_claims() -> None:
         for line in script.splitlines()
         if re.search(r"tox -e py3", line)
     )
+
+
+def test_ci_runs_the_readme_command_on_a_bare_machine_too() -> None:
+    """Once more in a clean virtualenv without DATABASE_URL or Docker: on the embedded
+    PostgreSQL 18, on modules that exist, among them the one that checks that server."""
+    script = (ROOT / ".ci" / "run").read_text()
+    stage = script.split("== the README's test command on a bare machine")[1].split('echo "==')[0]
+    assert "python3 -m venv" in stage and '. "$bare/venv/bin/activate"' in stage
+    assert re.search(r"^\s*unset DATABASE_URL ", stage, re.M)
+    assert 'DOCKER_HOST="unix://$bare/no-docker.sock"' in stage
+    assert 'python3 -m pip install -e ".[test]" && python3 -m pytest \\' in stage
+    modules = re.findall(r"tests/test_\w+\.py", stage)
+    assert "tests/test_suite_database.py" in modules and "tests/test_crashes.py" in modules
+    assert all((ROOT / module).is_file() for module in modules), modules
