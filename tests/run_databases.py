@@ -11,14 +11,20 @@ pid; nested runs see it set and own nothing). The owner holds a PostgreSQL advis
 named for its suffix while it runs, and at its end drops the databases of RUN_DATABASES
 with its suffix and removes its SQLite files. A run killed before its end leaves them
 behind: the next owner drops those of picked suffixes whose lock no session holds (their
-run is gone), never those of a live run, and never a suffix somebody chose by hand.
+run is gone), never those of a live run, and never a suffix somebody chose by hand. The
+private clusters of `tests/clusters.py` are named with the suffix too, and are local to
+the machine, whose runs may use other servers: for them the owner also holds a lock
+file (RUNS_HERE), and a cluster whose run's file nobody holds is dropped when the next
+run makes one (`run_is_gone_here`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -37,6 +43,8 @@ PICKED = re.compile(r"_r[0-9a-f]{8}")
 """The form of a suffix `run_suffix()` picks: only those are ever dropped as stale."""
 LOCK_CLASS = 0x7665  # "ve": the advisory locks' first key, the suffix's CRC is the second
 TESTS = Path(__file__).resolve().parent
+RUNS_HERE = Path(tempfile.gettempdir()) / f"venturi-test-runs-{os.getuid()}"
+"""Each owner's lock file on this machine, for what is local to it (private clusters)."""
 
 
 def run_suffix() -> str:
@@ -69,6 +77,9 @@ class RunDatabases:
         import psycopg
 
         self.suffix = suffix
+        RUNS_HERE.mkdir(exist_ok=True)
+        self.lock_file = (RUNS_HERE / f"{suffix}.lock").open("a")
+        fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.connection = psycopg.connect(url, autocommit=True)
         self.connection.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(suffix)))
 
@@ -106,7 +117,28 @@ class RunDatabases:
         try:
             self._drop(self.suffix)
         finally:
-            self.connection.close()
+            self.release()
+
+    def release(self) -> None:
+        """Let go of the run's locks, dropping nothing (again: nothing happens)."""
+        if not self.lock_file.closed:
+            (RUNS_HERE / f"{self.suffix}.lock").unlink(missing_ok=True)
+            self.lock_file.close()
+        self.connection.close()
+
+
+def run_is_gone_here(suffix: str) -> bool:
+    """Whether the run of `suffix` on this machine is over: nobody holds its lock file."""
+    path = RUNS_HERE / f"{suffix}.lock"
+    try:
+        with path.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # not ours to read: someone else's run
+        return False
+    path.unlink(missing_ok=True)
+    return True
 
 
 def picked_suffix(database: str) -> str | None:

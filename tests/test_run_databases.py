@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests import run_databases
+from tests import clusters, run_databases
+from tests.cluster_workers import require_private_clusters
 from tests.conftest import ROOT
 from tests.database import postgres_url
 
@@ -80,8 +81,8 @@ def test_a_gone_runs_databases_are_dropped_a_live_runs_kept(suffixes: list[str])
         hold.close()
         assert databases_ending_with(ours) == []
     finally:
-        hold.connection.close()
-        live_run.connection.close()
+        hold.release()
+        live_run.release()
 
 
 def test_a_run_drops_its_databases_at_its_end() -> None:
@@ -105,3 +106,32 @@ def test_a_run_drops_its_databases_at_its_end() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"this run's databases end with {suffix}" in result.stdout
     assert databases_ending_with(suffix) == []
+
+
+def test_a_runs_lock_file_is_held_while_it_runs(suffixes: list[str]) -> None:
+    live, never_owned = suffixes[:2]
+    hold = run_databases.RunDatabases(postgres_url(), live)
+    try:
+        assert not run_databases.run_is_gone_here(live)
+    finally:
+        hold.close()
+    assert run_databases.run_is_gone_here(live)
+    assert run_databases.run_is_gone_here(never_owned)
+
+
+def test_the_private_clusters_of_a_gone_run_are_dropped_a_live_runs_kept(
+    suffixes: list[str],
+) -> None:
+    require_private_clusters()
+    gone, live = suffixes[:2]
+    hold = run_databases.RunDatabases(postgres_url(), live)
+    made = [clusters.Cluster(f"venturi_sweep{suffix}") for suffix in (gone, live)]
+    try:
+        for cluster in made:
+            clusters.run("pg_createcluster", clusters.VERSION, cluster.name)
+        assert clusters.drop_clusters_of_gone_runs() == [f"venturi_sweep{gone}"]
+        assert set(clusters.existing_clusters()) & {c.name for c in made} == {made[1].name}
+    finally:
+        hold.close()
+        for cluster in made:
+            cluster.drop()
