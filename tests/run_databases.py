@@ -94,6 +94,8 @@ class RunDatabases:
             self.connection.execute(
                 "SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(suffix))
             )
+        for path in RUNS_HERE.glob("*.lock"):  # gone runs' files, removed as they are read
+            run_is_gone_here(path.stem)
         return gone
 
     def _is_gone(self, suffix: str) -> bool:
