@@ -92,7 +92,10 @@ def start() -> EmbeddedServer:
         entry = pwd.getpwnam(server.user)
         for path in (directory, server.data):
             os.chown(path, entry.pw_uid, entry.pw_gid)
-    run(server, bin_path / "initdb", "--auth=trust", "--encoding=utf8", "-U", "postgres")
+    # The machine's locale must not matter: C for the server's messages, and the builtin
+    # C.UTF-8 (as Debian's server here has from libc) whatever locales the system has.
+    locale = ("--locale=C", "--locale-provider=builtin", "--builtin-locale=C.UTF-8")
+    run(server, bin_path / "initdb", "--auth=trust", "--encoding=utf8", *locale, "-U", "postgres")
     options = (
         f"-h 127.0.0.1 -p {server.port} -k '' -c fsync=off -c full_page_writes=off "
         "-c synchronous_commit=off"
