@@ -40,7 +40,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise NoPostgreSQL(f"cannot connect to {url}: {first_line(error)}") from None
     emptying.install()
     if run_databases.owns_the_run():
-        hold = run_databases.RunDatabases(url, settings.RUN_SUFFIX)
+        try:
+            hold = run_databases.RunDatabases(url, settings.RUN_SUFFIX)
+        except run_databases.SuffixInUse as error:
+            raise pytest.UsageError(str(error)) from None
         config.stash[RUN_DATABASES] = hold
         config.stash[STALE_RUNS] = hold.drop_stale()
 

@@ -70,6 +70,16 @@ def lock_key(suffix: str) -> int:
     return crc - 2**32 if crc >= 2**31 else crc
 
 
+class SuffixInUse(RuntimeError):
+    """Another run, still going, has this run's suffix: they would drop each other's."""
+
+    def __init__(self, suffix: str) -> None:
+        super().__init__(
+            f"Another test run is using the suffix {suffix!r} (VENTURI_TEST_RUN): give this "
+            "run another, or leave VENTURI_TEST_RUN unset to have one picked."
+        )
+
+
 class RunDatabases:
     """The owner's hold on its suffix: the lock while it runs, the clean-up at its end."""
 
@@ -79,9 +89,15 @@ class RunDatabases:
         self.suffix = suffix
         RUNS_HERE.mkdir(exist_ok=True)
         self.lock_file = (RUNS_HERE / f"{suffix}.lock").open("a")
-        fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.connection = psycopg.connect(url, autocommit=True)
-        self.connection.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(suffix)))
+        try:
+            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise SuffixInUse(suffix) from None
+        if not self._is_gone(suffix):
+            self.release()
+            raise SuffixInUse(suffix)
 
     def drop_stale(self) -> list[str]:
         """Drop what runs that picked their suffix and are gone left behind; their suffixes."""
@@ -99,7 +115,7 @@ class RunDatabases:
         return gone
 
     def _is_gone(self, suffix: str) -> bool:
-        """A run is gone when its lock is free; the lock is then ours until dropped."""
+        """A run is gone when its lock is free; the lock is then ours (until dropped)."""
         row = self.connection.execute(
             "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(suffix))
         ).fetchone()
@@ -118,13 +134,13 @@ class RunDatabases:
         """Drop this run's databases and files, then let go of its lock."""
         try:
             self._drop(self.suffix)
+            (RUNS_HERE / f"{self.suffix}.lock").unlink(missing_ok=True)
         finally:
             self.release()
 
     def release(self) -> None:
         """Let go of the run's locks, dropping nothing (again: nothing happens)."""
         if not self.lock_file.closed:
-            (RUNS_HERE / f"{self.suffix}.lock").unlink(missing_ok=True)
             self.lock_file.close()
         self.connection.close()
 

@@ -135,3 +135,13 @@ def test_the_private_clusters_of_a_gone_run_are_dropped_a_live_runs_kept(
         hold.close()
         for cluster in made:
             cluster.drop()
+
+
+def test_a_second_run_with_a_live_runs_suffix_is_refused(suffixes: list[str]) -> None:
+    first = run_databases.RunDatabases(postgres_url(), suffixes[0])
+    try:
+        with pytest.raises(run_databases.SuffixInUse, match="VENTURI_TEST_RUN"):
+            run_databases.RunDatabases(postgres_url(), suffixes[0])
+    finally:
+        first.close()
+    run_databases.RunDatabases(postgres_url(), suffixes[0]).close()  # free again
