@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import environ
-import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
 from tests import clusters
-from tests.skips import in_ci
+from tests.skips import missing_tool
 from tests.testapp import soak_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,12 +33,10 @@ DATABASE = "venturi"
 
 
 def require_private_clusters() -> None:
-    """Outside CI, a machine without root or postgresql-common skips; in CI it fails."""
+    """Without root or postgresql-common: skip, or fail in CI (`skips.missing_tool`)."""
     reason = clusters.available()
     if reason is not None:
-        if in_ci():
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing_tool(reason)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,8 @@ of its own with Debian's postgresql-common tools (`pg_createcluster`,
         standby.promote()
 
 A cluster's name carries the run's VENTURI_TEST_RUN, so two runs never share one,
-and a cluster of the same name left by a killed run is dropped first. Local
+and a cluster of the same name left by a killed run is dropped first, as are those
+of killed runs whose suffix was picked for them (`tests/run_databases.py`). Local
 connections are trusted (tests only); with `ssl=True` the server accepts TLS
 with Debian's snakeoil certificate, or a self-signed one made for the cluster
 when the machine has none.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -37,6 +39,8 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import psycopg
+
+from tests import run_databases
 
 VERSION = "15"
 PORTS = range(5440, 5500)
@@ -149,6 +153,7 @@ class Cluster:
         wait_for(lambda: bool(primary.execute(STREAMING)), f"{self.name} to stream")
 
     def _make(self) -> None:
+        drop_clusters_of_gone_runs()
         clusters = existing_clusters()
         if self.name in clusters:
             self.drop()
@@ -345,6 +350,25 @@ def cluster_name(purpose: str) -> str:
     """A cluster name unique to this run (VENTURI_TEST_RUN) and purpose."""
     suffix = os.environ.get("VENTURI_TEST_RUN", "").strip("_") or "main"
     return f"venturi_{purpose}_{suffix}".lower()
+
+
+def drop_clusters_of_gone_runs() -> list[str]:
+    """Drop the clusters of runs that picked their suffix and are gone (killed before
+    they could drop them: `tests/run_databases.py`); their names. Only in the process
+    that owns a run (soak and chaos runs leave others' clusters alone)."""
+    if not run_databases.owns_the_run():
+        return []
+    ours = os.environ[run_databases.RUN]
+    gone = [
+        name
+        for name in existing_clusters()
+        if (match := re.fullmatch(r"venturi_\w+?(_r[0-9a-f]{8})", name))
+        and match[1] != ours
+        and run_databases.run_is_gone_here(match[1])
+    ]
+    for name in gone:
+        Cluster(name).drop()
+    return gone
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     Django's `flush` (`tests/emptying.py`)."""
     import psycopg
 
-    from tests import emptying
+    from tests import emptying, run_databases
     from tests.database import NoPostgreSQL, first_line, postgres_url
 
     url = postgres_url()
@@ -39,6 +39,42 @@ def pytest_configure(config: pytest.Config) -> None:
     except psycopg.Error as error:
         raise NoPostgreSQL(f"cannot connect to {url}: {first_line(error)}") from None
     emptying.install()
+    if run_databases.owns_the_run():
+        try:
+            hold = run_databases.RunDatabases(url, settings.RUN_SUFFIX)
+        except run_databases.SuffixInUse as error:
+            raise pytest.UsageError(str(error)) from None
+        config.stash[RUN_DATABASES] = hold
+        config.stash[STALE_RUNS] = hold.drop_stale()
+
+
+RUN_DATABASES = pytest.StashKey[Any]()
+"""This run's hold on its suffix (`tests/run_databases.py`), if it owns it."""
+STALE_RUNS = pytest.StashKey[list[str]]()
+"""The suffixes of gone runs whose databases this run dropped as it began."""
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say first where the tests' PostgreSQL comes from, and the run's suffix."""
+    import psycopg
+
+    from tests.database import postgres_url, source
+
+    with psycopg.connect(postgres_url()) as connection:
+        version = connection.execute("SHOW server_version").fetchone()
+    lines = [
+        f"PostgreSQL {version[0] if version else '?'}: {source()}",
+        f"this run's databases end with {settings.RUN_SUFFIX} (VENTURI_TEST_RUN)",
+    ]
+    if stale := config.stash.get(STALE_RUNS, []):
+        lines.append(f"dropped the databases of gone runs: {', '.join(stale)}")
+    return lines
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The owner of the run drops its databases and files, whatever the outcome."""
+    if (hold := config.stash.get(RUN_DATABASES, None)) is not None:
+        hold.close()
 
 
 SKIPPED: list[tuple[str, str]] = []

