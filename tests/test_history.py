@@ -1,4 +1,4 @@
-"""History roll-ups: workers' figures per minute, the chores of one worker a minute, hours, pruning."""
+"""History roll-ups: workers' figures per minute, one worker's chores a minute, hours, pruning."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ HOUR = HistoryRollup.Span.HOUR
 T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
 
 
-def figures(completed: int = 0, failed: int = 0, retried: int = 0, run_bucket: int = 0) -> list[int]:
+def figures(completed: int = 0, failed: int = 0, retried: int = 0, bucket: int = 0) -> list[int]:
     values = [completed, failed, retried] + [0] * (2 * HISTOGRAM_BUCKETS)
-    values[history.RUN_OFFSET + run_bucket] = completed + failed + retried
+    values[history.RUN_OFFSET + bucket] = completed + failed + retried
     return values
 
 
