@@ -474,11 +474,13 @@ class HistoryRollup(models.Model):
     worker = models.CharField(
         max_length=200, blank=True, default="", help_text="The writing worker; empty: derived."
     )
-    completed = models.BigIntegerField(default=0)
-    failed = models.BigIntegerField(default=0, help_text="Jobs failed for good or gave up.")
-    retried = models.BigIntegerField(default=0, help_text="Failed runs retried.")
-    ready = models.BigIntegerField(default=0, help_text="Ready jobs, summed over the samples.")
-    waiting = models.BigIntegerField(default=0, help_text="Waiting jobs, summed over the samples.")
+    # Integers, not bigints: PostgreSQL sums an integer column into a bigint (fast) and a
+    # bigint one into a numeric (several times slower on the 30-day range's 50 columns).
+    completed = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0, help_text="Jobs failed for good or gave up.")
+    retried = models.IntegerField(default=0, help_text="Failed runs retried.")
+    ready = models.IntegerField(default=0, help_text="Ready jobs, summed over the samples.")
+    waiting = models.IntegerField(default=0, help_text="Waiting jobs, summed over the samples.")
     samples = models.IntegerField(default=0, help_text="Depth samples (on the marker row).")
 
     class Meta:
@@ -495,4 +497,4 @@ class HistoryRollup(models.Model):
 
 
 for _column in (*WAIT_COLUMNS, *RUN_COLUMNS):
-    HistoryRollup.add_to_class(_column, models.BigIntegerField(default=0))
+    HistoryRollup.add_to_class(_column, models.IntegerField(default=0))

@@ -19,8 +19,8 @@ from django.http import HttpRequest, JsonResponse, QueryDict
 
 from django_venturi.admin import charts
 from django_venturi.conf import venturi_settings
-from django_venturi.models import HistoryRollup
 from django_venturi.observe.history import DEFAULT_RANGE, RANGES, History, read_history
+from django_venturi.store import history
 
 REFRESH_EVERY_MS = 5000
 """How often the inline script fetches the figures while the page is open."""
@@ -75,7 +75,9 @@ def history_context(request: HttpRequest, *, kind: str | None = None) -> dict[st
             {"name": r.name, "label": r.label, "query": _query(request, range=r.name)}
             for r in RANGES.values()
         ],
-        "queue_links": [{"name": name, "query": _query(request, queue=name)} for name in _queues()],
+        "queue_links": [
+            {"name": name, "query": _query(request, queue=name)} for name in _queues(found)
+        ],
         "all_queues_query": _query(request, queue=None),
         "all_kinds_query": _query(request, kind=None),
         "refresh_every_ms": REFRESH_EVERY_MS,
@@ -92,22 +94,10 @@ def _seconds(found: History) -> dict[str, str]:
     }
 
 
-def _queues() -> list[str]:
-    """The queues that have figures kept (the filter links)."""
-    return sorted(
-        HistoryRollup.objects.using(venturi_settings.DATABASE)
-        .exclude(queue="")
-        .filter(span=HistoryRollup.Span.HOUR)
-        .values_list("queue", flat=True)
-        .distinct()
-        .union(
-            HistoryRollup.objects.using(venturi_settings.DATABASE)
-            .exclude(queue="")
-            .filter(span=HistoryRollup.Span.MINUTE)
-            .values_list("queue", flat=True)
-            .distinct()
-        )
-    )
+def _queues(found: History) -> list[str]:
+    """The filter's links: the queues with figures in the last hour, and the chosen one."""
+    recent = history.recent_queues(venturi_settings.DATABASE, found.points[-1].start)
+    return sorted(recent | ({found.queue} if found.queue else set()))
 
 
 def _query(request: HttpRequest, **changes: str | None) -> str:

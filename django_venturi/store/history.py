@@ -250,6 +250,17 @@ def summed(
     return by_start
 
 
+def recent_queues(alias: str, until: datetime) -> set[str]:
+    """The queues with minute rows in the hour before `until` (the page's filter links)."""
+    return set(
+        HistoryRollup.objects.using(alias)
+        .filter(span=HistoryRollup.Span.MINUTE, start__gte=until - timedelta(hours=1))
+        .exclude(queue="")
+        .values_list("queue", flat=True)
+        .distinct()
+    )
+
+
 def last_derived_hour(alias: str, since: datetime) -> datetime | None:
     """The start of the latest hour with hour rows, from `since` on (None: none)."""
     starts: Iterable[datetime] = (
