@@ -5,7 +5,8 @@ of the suite).
         python -m tests.measure_history_at_scale [--rows 1000000] [--workers 3]
 
 Builds its own database (`venturi_history_scale`), fills the job table as
-`measure_admin_at_scale` does, then the roll-ups of 20 kinds in 3 queues: a
+`measure_admin_at_scale` does (finished jobs and 0.1 % ready, or with
+`--backlog` its 7 % ready or running), then the roll-ups of 20 kinds in 3 queues: a
 day of minute rows (one per worker, minute, queue and kind, and the depth
 samples) and 30 days of hour rows, as workers running all of them all the time
 would leave. Then it loads each page and range a few times with Django's test
@@ -23,12 +24,20 @@ import time
 DATABASE = "venturi_history_scale" + os.environ.get("VENTURI_TEST_RUN", "")
 KINDS = 20
 QUEUES = ("default", "mail", "reports")
+FINISHED = (949, 998, 999, 1000)
+"""`measure_admin_at_scale.fill`'s shares per mille: completed, failed, ready, cancelled."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000, help="Jobs in the job table.")
     parser.add_argument("--workers", type=int, default=3, help="Workers writing minute rows.")
+    parser.add_argument(
+        "--backlog",
+        action="store_true",
+        help="Jobs as measure_admin_at_scale has them (7 %% ready or running); by default "
+        "they are finished but for 0.1 %% ready, as after months of traffic.",
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="Reuse a filled database.")
     options = parser.parse_args()
@@ -41,7 +50,8 @@ def main() -> None:
         from tests import measure_admin_at_scale
 
         measure_admin_at_scale.DATABASE = DATABASE
-        measure_admin_at_scale.fill(options.rows)
+        shares = measure_admin_at_scale.SHARES if options.backlog else FINISHED
+        measure_admin_at_scale.fill(options.rows, shares)
         fill_rollups(options.workers)
     measure(options.repeat)
 

@@ -11,7 +11,9 @@ from django.test import override_settings
 from django_venturi.checks import check_settings
 from django_venturi.models import HISTOGRAM_BUCKETS, RUN_COLUMNS, HistoryRollup, Job
 from django_venturi.store import history
+from django_venturi.worker import history as worker_history
 from django_venturi.worker.process import Worker
+from tests.conftest import in_thread, result_of, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
@@ -35,6 +37,11 @@ def test_a_time_falls_in_its_log_scale_bucket() -> None:
     assert history.bucket(1.0) == 10  # [512, 1024) ms
     assert history.bucket(-5.0) == 0  # a clock step back: never a negative bucket
     assert history.bucket(10**9) == HISTOGRAM_BUCKETS - 1
+
+
+def test_the_workers_inlined_buckets_are_the_stores() -> None:
+    times = [-1.0, 0.0, 0.0005, 0.001, 0.0019, 0.002, 0.5, 1.0, 3600.0, 10**9]
+    assert [worker_history._bucket(t) for t in times] == [history.bucket(t) for t in times]
 
 
 def test_percentiles_come_from_summed_buckets() -> None:
@@ -134,6 +141,25 @@ def test_a_worker_writes_the_figures_of_its_runs(alias: str) -> None:
         runs += sum(getattr(row, column) for column in RUN_COLUMNS)
         waits += sum(getattr(row, f"wait_{index:02d}") for index in range(HISTOGRAM_BUCKETS))
     assert runs == waits == 7  # every run that started has a run time and a wait
+
+
+@override_settings(VENTURI={"HISTORY_FLUSH_INTERVAL": 0.1})
+def test_a_running_worker_samples_the_depth_and_writes_its_minutes(alias: str) -> None:
+    held = Job.objects.using(alias).create(
+        kind="tests.noop", payload={"n": 0}, state="waiting", waiting_for=1
+    )
+    worker = Worker(database=alias, concurrency=1, poll_interval=0.05)
+    thread, box = in_thread(worker.run)
+    try:
+        tasks.Noop(n=1).enqueue(using=alias)
+        rows = HistoryRollup.objects.using(alias).filter(span=MINUTE)
+        wait_until(lambda: rows.filter(kind="tests.noop", waiting=1).exists(), message="depth")
+        wait_until(lambda: rows.filter(kind="tests.noop", completed=1).exists(), message="runs")
+    finally:
+        worker.stop()
+        result_of(thread, box, timeout=30)
+    assert rows.filter(kind="tests.noop", worker=worker.name).get().completed == 1
+    assert Job.objects.using(alias).get(pk=held.pk).state == "waiting"
 
 
 @override_settings(VENTURI={"HISTORY": False})
