@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, Sum
 
 from django_venturi.models import (
@@ -103,13 +103,16 @@ def write_minutes(alias: str, worker: str, figures: Mapping[MinuteKey, Sequence[
         )
         for (start, queue, kind), values in figures.items()
     ]
-    if rows:
-        HistoryRollup.objects.using(alias).bulk_create(
-            rows,
-            update_conflicts=True,
-            unique_fields=["span", "start", "queue", "kind", "worker"],
-            update_fields=list(FIGURE_COLUMNS),
-        )
+    if not rows:
+        return
+    # MariaDB and MySQL upsert on any unique key and take no conflict target.
+    targeted = connections[alias].features.supports_update_conflicts_with_target
+    HistoryRollup.objects.using(alias).bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["span", "start", "queue", "kind", "worker"] if targeted else None,
+        update_fields=list(FIGURE_COLUMNS),
+    )
 
 
 def take_minute(alias: str, minute: datetime) -> bool:
