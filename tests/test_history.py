@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,7 +11,10 @@ from django.test import override_settings
 
 from django_venturi.checks import check_settings
 from django_venturi.models import HISTOGRAM_BUCKETS, RUN_COLUMNS, HistoryRollup, Job
+from django_venturi.states import JournalOutcome, State
 from django_venturi.store import history
+from django_venturi.store.claim_types import ClaimedJob
+from django_venturi.store.verdicts import Verdict
 from django_venturi.worker import history as worker_history
 from django_venturi.worker.process import Worker
 from tests.conftest import in_thread, result_of, wait_until
@@ -39,9 +43,42 @@ def test_a_time_falls_in_its_log_scale_bucket() -> None:
     assert history.bucket(10**9) == HISTOGRAM_BUCKETS - 1
 
 
-def test_the_workers_inlined_buckets_are_the_stores() -> None:
+def test_a_worker_counts_each_run_in_the_stores_buckets() -> None:
     times = [-1.0, 0.0, 0.0005, 0.001, 0.0019, 0.002, 0.5, 1.0, 3600.0, 10**9]
-    assert [worker_history._bucket(t) for t in times] == [history.bucket(t) for t in times]
+    due = datetime.now(UTC)
+    verdicts = [
+        Verdict(
+            job=ClaimedJob(
+                id=index,
+                kind="k",
+                queue="q",
+                priority=1,
+                payload=None,
+                carry=None,
+                attempt=1,
+                failures=0,
+                enqueued_at=due,
+                started_at=due + timedelta(seconds=max(seconds, 0.0)),
+                claim_token=uuid.uuid4(),
+                lease=timedelta(minutes=5),
+                run_at=due,
+            ),
+            outcome=JournalOutcome.COMPLETED,
+            state=State.COMPLETED,
+            duration=seconds,
+        )
+        for index, seconds in enumerate(times)
+    ]
+    counted = worker_history.MinuteFigures()
+    counted.record(verdicts)
+    [(key, values)] = counted.take_changed().items()
+    expected = [0] * HISTOGRAM_BUCKETS
+    for seconds in times:
+        expected[history.bucket(seconds)] += 1
+    assert values[: history.WAIT_OFFSET] == [len(times), 0, 0]
+    assert values[history.RUN_OFFSET :] == expected
+    assert values[history.WAIT_OFFSET : history.RUN_OFFSET] == expected
+    assert key[1:] == ("q", "k") and key[0].second == 0
 
 
 def test_percentiles_come_from_summed_buckets() -> None:

@@ -63,24 +63,42 @@ class MinuteFigures:
         minute = max(int((time.time() + self.offset) // 60), self._oldest_open)
         with self._lock:
             minutes, changed = self._minutes, self._changed
+            figures: list[int] = []
+            last: tuple[str, str] | None = None
             for verdict in verdicts:
+                # Inlined (the columns of `store/tallies.py`, the buckets of
+                # `history.bucket`): a call costs as much as the work. Enum members are
+                # compared by identity: by value, a str enum costs several times more.
                 duration = verdict.duration
-                column = _column(verdict)
-                if column is None and duration is None:
+                outcome = verdict.outcome
+                if outcome is COMPLETED:
+                    column = 0
+                elif verdict.state is FAILED:
+                    column = 1
+                elif outcome in RETRYABLE_OUTCOMES:
+                    column = 2
+                elif duration is None:
                     continue
+                else:
+                    column = -1
                 job = verdict.job
-                key = (minute, job.queue, job.kind)
-                figures = minutes.get(key)
-                if figures is None:
-                    figures = minutes[key] = [0] * len(history.FIGURE_COLUMNS)
-                changed.add(key)
-                if column is not None:
+                if last is None or job.kind != last[1] or job.queue != last[0]:
+                    last = (job.queue, job.kind)
+                    key = (minute, job.queue, job.kind)
+                    found = minutes.get(key)
+                    if found is None:
+                        found = minutes[key] = [0] * len(history.FIGURE_COLUMNS)
+                    figures = found
+                    changed.add(key)
+                if column >= 0:
                     figures[column] += 1
                 if duration is not None:
-                    figures[RUN_OFFSET + _bucket(duration)] += 1
+                    index = int(duration * 1000).bit_length() if duration > 0 else 0
+                    figures[RUN_OFFSET + (index if index < LAST_BUCKET else LAST_BUCKET)] += 1
                     if job.run_at is not None:
                         waited = (job.started_at - job.run_at).total_seconds()
-                        figures[WAIT_OFFSET + _bucket(waited)] += 1
+                        index = int(waited * 1000).bit_length() if waited > 0 else 0
+                        figures[WAIT_OFFSET + (index if index < LAST_BUCKET else LAST_BUCKET)] += 1
 
     def take_changed(self) -> dict[history.MinuteKey, list[int]]:
         """The minutes that changed since the last call, with their figures so far; the
@@ -103,24 +121,6 @@ class MinuteFigures:
         keys = {(int(start.timestamp()) // 60, queue, kind) for start, queue, kind in figures}
         with self._lock:
             self._changed.update(key for key in keys if key in self._minutes)
-
-
-def _column(verdict: Verdict) -> int | None:
-    """Which count a verdict adds to (as `store/tallies.py` counts the journal). By
-    identity: verdicts hold the enums' members, and comparing a str enum by value
-    costs several times more, for every verdict."""
-    outcome = verdict.outcome
-    if outcome is COMPLETED:
-        return 0
-    if verdict.state is FAILED:
-        return 1
-    return 2 if outcome in RETRYABLE_OUTCOMES else None
-
-
-def _bucket(seconds: float) -> int:
-    """`store.history.bucket`, inlined for the hot path (the same buckets, tested alike)."""
-    index = int(seconds * 1000).bit_length() if seconds > 0 else 0
-    return index if index < LAST_BUCKET else LAST_BUCKET
 
 
 class HistoryWriter(Service):
