@@ -105,15 +105,23 @@ def fill_rollups(workers: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute(_insert("minute", minutes, names), params)
         cursor.execute(_insert("hour", hours, "(VALUES (''))"), params)
-        for span, starts in (("minute", minutes), ("hour", hours)):
+        columns = ("completed", "failed", "retried", "ready", "waiting", *_all_buckets())
+        cursor.execute(
+            f"""INSERT INTO django_venturi_historyrollup (
+                    span, start, queue, kind, worker, samples, {", ".join(columns)})
+                SELECT 'minute', start, '', '', '', 1, {", ".join("0" for _ in columns)}
+                FROM {minutes} AS start"""
+        )
+        # The hours' totals rows (`history.derive_hour`): per queue, then the marker's.
+        for queue, samples in (("queue", "0"), ("''", "60")):
             cursor.execute(
                 f"""INSERT INTO django_venturi_historyrollup (
-                        span, start, queue, kind, worker, completed, failed, retried,
-                        ready, waiting, samples, {", ".join(_all_buckets())})
-                    SELECT '{span}', start, '', '', '', 0, 0, 0, 0, 0,
-                           CASE WHEN '{span}' = 'hour' THEN 60 ELSE 1 END,
-                           {", ".join("0" for _ in _all_buckets())}
-                    FROM {starts} AS start"""
+                        span, start, queue, kind, worker, samples, {", ".join(columns)})
+                    SELECT 'hour', start, {queue}, '', '', {samples},
+                           {", ".join(f"sum({column})" for column in columns)}
+                    FROM django_venturi_historyrollup
+                    WHERE span = 'hour' AND kind <> ''
+                    GROUP BY start{", queue" if queue == "queue" else ""}"""
             )
         cursor.execute("SELECT count(*) FROM django_venturi_historyrollup")
         row = cursor.fetchone()

@@ -134,7 +134,8 @@ def test_an_hour_is_derived_from_its_minutes_once_settled(alias: str) -> None:
     assert history.hours_to_derive(alias, now) == []
     hour = HistoryRollup.objects.using(alias).filter(span=HOUR, start=T0)
     assert sorted(hour.values_list("queue", "kind", "completed", "failed", "samples")) == [
-        ("", "", 0, 0, 3),
+        ("", "", 6, 3, 3),  # the marker: every queue's totals, and the samples
+        ("default", "", 6, 3, 0),  # the queue's totals
         ("default", "k", 6, 3, 0),
     ]
     assert hour.get(kind="k").run_00 == 9

@@ -168,8 +168,11 @@ def hours_to_derive(alias: str, now: datetime) -> list[datetime]:
 
 
 def derive_hour(alias: str, hour: datetime) -> int:
-    """Write the hour rows of `hour`, one per queue and kind, summed from its minute rows
-    (every worker's, and the depth samples); return the rows written."""
+    """Write the hour rows of `hour`, summed from its minute rows (every worker's, and the
+    depth samples): one per queue and kind, one per queue without a kind (the queue's
+    totals), and the marker row, which holds the totals of everything and the samples
+    (so that a range of every queue and kind reads one row an hour). Return the rows
+    written."""
     sums = (
         HistoryRollup.objects.using(alias)
         .filter(
@@ -179,18 +182,21 @@ def derive_hour(alias: str, hour: datetime) -> int:
         .annotate(**{column: Sum(column) for column in SUMMED_COLUMNS})
         .order_by()
     )
-    rows = [
-        HistoryRollup(
-            span=HistoryRollup.Span.HOUR,
-            start=hour,
-            queue=queue,
-            kind=kind,
-            **_whole(values),
-        )
-        for queue, kind, *values in sums
-    ]
-    if not any(row.queue == "" and row.kind == "" for row in rows):
-        rows.append(HistoryRollup(span=HistoryRollup.Span.HOUR, start=hour))
+    totals: dict[tuple[str, str], list[int]] = {("", ""): [0] * len(SUMMED_COLUMNS)}
+    rows = []
+    for queue, kind, *values in sums:
+        whole = _whole(values)
+        if kind:
+            rows.append(HistoryRollup(span="hour", start=hour, queue=queue, kind=kind, **whole))
+        for key in ((queue, ""), ("", "")) if kind else (("", ""),):
+            into = totals.setdefault(key, [0] * len(SUMMED_COLUMNS))
+            for index, column in enumerate(SUMMED_COLUMNS):
+                into[index] += whole[column]
+    for (queue, _), values in totals.items():
+        whole = _whole(values)
+        if queue:
+            whole["samples"] = 0  # the samples are the marker's
+        rows.append(HistoryRollup(span="hour", start=hour, queue=queue, **whole))
     HistoryRollup.objects.using(alias).bulk_create(rows, ignore_conflicts=True)
     return len(rows)
 
@@ -234,13 +240,17 @@ def summed(
     kind: str | None = None,
 ) -> dict[datetime, list[int]]:
     """Per interval start in [since, until): the `SUMMED_COLUMNS` of the matching rows
-    summed (the depth samples are the marker rows', whatever the filters)."""
+    summed (the depth samples are the marker rows', whatever the filters). Hours of every
+    kind read the totals rows `derive_hour` wrote, one per hour (and queue)."""
     rows = HistoryRollup.objects.using(alias).filter(span=span, start__gte=since, start__lt=until)
-    figures = rows.exclude(queue="", kind="")
-    if queue is not None:
-        figures = figures.filter(queue=queue)
-    if kind is not None:
-        figures = figures.filter(kind=kind)
+    if span == HistoryRollup.Span.HOUR and kind is None:
+        figures = rows.filter(kind="", queue=queue or "")
+    else:
+        figures = rows.exclude(kind="")  # no marker, no totals
+        if queue is not None:
+            figures = figures.filter(queue=queue)
+        if kind is not None:
+            figures = figures.filter(kind=kind)
     by_start: dict[datetime, list[int]] = {}
     for start, *values in (
         figures.values_list("start")
