@@ -13,7 +13,9 @@ Each round runs every variant once, in turn, each in a fresh database: N no-op
             keys in the same queue;
   fair_beside  `bench.fair` (turns by key) registered, 200 of its jobs over 20 keys in
             the same queue;
-  fair      the N jobs are `bench.fair` jobs over 100 keys (a fair kind's own drain).
+  fair      the N jobs are `bench.fair` jobs over 100 keys (a fair kind's own drain);
+  history_off  plain with `VENTURI["HISTORY"]` off: the cost of writing the history
+            roll-ups is plain's against this one (`--variants plain,history_off --rounds 5`).
 FLOW_EXTRA=0 leaves those 200 jobs out (the limited kind is only registered).
 It prints, per variant, the median steady drain rate (from the handlers' own
 timestamps, the 10th to the last job) and the transactions the database
@@ -43,8 +45,8 @@ from benchmarks.sink import SinkReader
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 SETTINGS = "benchmarks.bench_project.settings"
-DBNAME = "venturi_bench_flow"
-VARIANTS = ("plain", "limited", "paused", "keyed", "fair_beside", "fair")
+DBNAME = "venturi_bench_flow" + os.environ.get("VENTURI_TEST_RUN", "")  # side by side runs
+VARIANTS = ("plain", "limited", "paused", "keyed", "fair_beside", "fair", "history_off")
 EXTRA_JOBS = int(os.environ.get("FLOW_EXTRA", "200"))
 
 
@@ -64,6 +66,7 @@ def env(
     keyed: bool = False,
     fair: bool = False,
     rated: bool = False,
+    history: bool = True,
     dbname: str = DBNAME,
 ) -> dict[str, str]:
     values = dict(os.environ)
@@ -82,6 +85,9 @@ def env(
     values.pop("VENTURI_BENCH_RATED", None)
     if rated:
         values["VENTURI_BENCH_RATED"] = "1"
+    values.pop("VENTURI_BENCH_HISTORY", None)
+    if not history:
+        values["VENTURI_BENCH_HISTORY"] = "0"
     if sink is not None:
         values["VENTURI_BENCH_SINK"] = str(sink)
     return values
@@ -186,6 +192,7 @@ def variant_env(variant: str, sink: Path | None = None) -> dict[str, str]:
         limited=variant == "limited",
         keyed=variant == "keyed",
         fair=variant in ("fair", "fair_beside"),
+        history=variant != "history_off",
     )
 
 

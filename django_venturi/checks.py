@@ -51,6 +51,8 @@ def _is_positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+MAX_HISTORY_FLUSH_INTERVAL = timedelta(minutes=1)
+"""The longest `HISTORY_FLUSH_INTERVAL`: a worker keeps its last minutes in memory only."""
 DURATIONS: dict[str, timedelta] = {
     "DEFAULT_LEASE": MAX_DURATION,
     "HEARTBEAT_INTERVAL": MAX_DURATION,
@@ -59,6 +61,7 @@ DURATIONS: dict[str, timedelta] = {
     "SHUTDOWN_TIMEOUT": MAX_SHUTDOWN_TIMEOUT,
     "TIMEOUT_GRACE": MAX_DURATION,
     "PERIODIC_INTERVAL": MAX_DURATION,
+    "HISTORY_FLUSH_INTERVAL": MAX_HISTORY_FLUSH_INTERVAL,
 }
 """Each duration setting and its longest value."""
 POSITIVE_INTS: dict[str, int] = {"CONCURRENCY": MAX_CONCURRENCY, "BATCH_SIZE": MAX_BATCH_SIZE}
@@ -185,6 +188,10 @@ def check_settings(
     errors.extend(_check_lease_margin(user))
     errors.extend(check_retention(user))
     errors.extend(check_payload_limit(user))
+    if "HISTORY" in user and not isinstance(user["HISTORY"], bool):
+        errors.append(
+            _error("HISTORY", f"must be True or False, got {user['HISTORY']!r}", "venturi.E075")
+        )
     if "METRICS" in user and not isinstance(user["METRICS"], bool):
         errors.append(
             _error("METRICS", f"must be True or False, got {user['METRICS']!r}", "venturi.E036")

@@ -43,6 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "TRACE_URL": None,
     "MAX_PAYLOAD_BYTES": 1_000_000,
     "STALL_TIMEOUT": timedelta(seconds=60),
+    "HISTORY": True,
+    "HISTORY_FLUSH_INTERVAL": timedelta(seconds=5),
 }
 
 # Upper bounds of the settings and of the flags that override them. Past them a
@@ -222,6 +224,16 @@ class VenturiSettings:
     def METRICS(self) -> bool:
         """Record OpenTelemetry metrics and spans (needs the `metrics` extra)."""
         return bool(self._get("METRICS"))
+
+    @property
+    def HISTORY(self) -> bool:
+        """Whether workers write the history roll-ups (the stats page's charts)."""
+        return bool(self._get("HISTORY"))
+
+    @property
+    def HISTORY_FLUSH_INTERVAL(self) -> timedelta:
+        """How often a worker writes its history figures (what a crash may lose)."""
+        return as_timedelta(self._get("HISTORY_FLUSH_INTERVAL"))
 
     @property
     def TRACE_URL(self) -> str | None:

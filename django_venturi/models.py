@@ -457,3 +457,58 @@ class PeriodicTask(Job):
     class Meta:
         proxy = True
         verbose_name = "periodic task"
+
+
+HISTOGRAM_BUCKETS = 24
+"""Buckets of a roll-up's wait and run time histograms: bucket 0 holds times under
+1 ms, bucket i (1 to 22) those from 2^(i-1) to 2^i ms, bucket 23 anything longer
+(`store/history.py`)."""
+WAIT_COLUMNS = tuple(f"wait_{index:02d}" for index in range(HISTOGRAM_BUCKETS))
+RUN_COLUMNS = tuple(f"run_{index:02d}" for index in range(HISTOGRAM_BUCKETS))
+
+
+class HistoryRollup(models.Model):
+    """Figures of one minute or one hour for one queue and kind (`store/history.py`).
+
+    Workers write one minute row each per queue and kind they ran; one worker a
+    minute samples the queue depth into rows without a worker, and derives the
+    hour rows from the minute rows. The row without queue nor kind marks a
+    sampled minute (`samples`: how many minutes were sampled into the row).
+    """
+
+    class Span(models.TextChoices):
+        MINUTE = "minute"
+        HOUR = "hour"
+
+    id = models.BigAutoField(primary_key=True)
+    span = models.CharField(max_length=6, choices=Span.choices)
+    start = models.DateTimeField()
+    queue = models.CharField(max_length=100, blank=True, default="")
+    kind = models.CharField(max_length=200, blank=True, default="")
+    worker = models.CharField(
+        max_length=200, blank=True, default="", help_text="The writing worker; empty: derived."
+    )
+    # Integers, not bigints: PostgreSQL sums an integer column into a bigint (fast) and a
+    # bigint one into a numeric (several times slower on the 30-day range's 50 columns).
+    completed = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0, help_text="Jobs failed for good or gave up.")
+    retried = models.IntegerField(default=0, help_text="Failed runs retried.")
+    ready = models.IntegerField(default=0, help_text="Ready jobs, summed over the samples.")
+    waiting = models.IntegerField(default=0, help_text="Waiting jobs, summed over the samples.")
+    samples = models.IntegerField(default=0, help_text="Depth samples (on the marker row).")
+
+    class Meta:
+        verbose_name = "history roll-up"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["span", "start", "queue", "kind", "worker"],
+                name="venturi_history_rollup_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.span} {self.start.isoformat()} {self.queue} {self.kind} {self.worker}"
+
+
+for _column in (*WAIT_COLUMNS, *RUN_COLUMNS):
+    HistoryRollup.add_to_class(_column, models.IntegerField(default=0))

@@ -113,6 +113,7 @@ DJANGO_FACING = frozenset(
     f"test_{name}.py"
     for name in [
         "admin",
+        "admin_history",
         "browser",
         "browser_permissions",
         "checks",

@@ -39,7 +39,12 @@ def main() -> None:
     measure(options.repeat)
 
 
-def fill(rows: int) -> None:
+SHARES = (850, 900, 950, 980)
+"""Per mille of the jobs: below the first completed, then failed, ready, cancelled, and
+the rest running."""
+
+
+def fill(rows: int, shares: tuple[int, int, int, int] = SHARES) -> None:
     import psycopg
     from django.core.management import call_command
     from django.db import connection
@@ -81,17 +86,18 @@ def fill(rows: int) -> None:
                 CASE WHEN i %% 50 = 0 AND s.state <> 'ready' THEN 'key:' || i END
             FROM generate_series(1, %s) AS i,
             LATERAL (SELECT CASE
-                WHEN i %% 100 < 85 THEN 'completed'
-                WHEN i %% 100 < 90 THEN 'failed'
-                WHEN i %% 100 < 95 THEN 'ready'
-                WHEN i %% 100 < 98 THEN 'cancelled'
+                WHEN i %% 1000 < %s THEN 'completed'
+                WHEN i %% 1000 < %s THEN 'failed'
+                WHEN i %% 1000 < %s THEN 'ready'
+                WHEN i %% 1000 < %s THEN 'cancelled'
                 ELSE 'running' END AS state) AS s,
-            -- Most failures of one type, a few of a rare one (the filter's worst case).
-            LATERAL (SELECT CASE WHEN i %% 1000 = 85 THEN 'shop.errors.PaymentDeclined'
+            -- Most failures of one type, a few of a rare one (the filter's worst case):
+            -- the rare one on the first failed per mille.
+            LATERAL (SELECT CASE WHEN i %% 1000 = %s THEN 'shop.errors.PaymentDeclined'
                                  WHEN i %% 7 = 0 THEN 'builtins.KeyError'
                                  ELSE 'builtins.ValueError' END AS error_type) AS e
             """,
-            [rows],
+            [rows, *shares, shares[0]],
         )
     print(f"inserted {rows:,} jobs in {time.perf_counter() - started:.1f} s")
 

@@ -662,7 +662,9 @@ def test_stats_page_shows_counts_latency_chart_and_workers(admin_client: Client)
     assert "alive <span" not in page
     assert "stopped" not in page.split('id="venturi-workers"')[1].split("</tbody>")[0]
     last_hour = page.split('id="venturi-last-hour"')[1].split("</tbody>")[0]
-    assert "<td>tests.noop</td><td>default</td><td>1</td><td>0</td><td>0</td>" in last_hour
+    kind = reverse("admin:django_venturi_job_kind", args=["tests.noop"])
+    cells = "<td>default</td><td>1</td><td>0</td><td>0</td>"
+    assert f'<td><a href="{kind}">tests.noop</a></td>{cells}' in last_hour
     assert 'http-equiv="refresh"' not in page
 
 

@@ -6,8 +6,9 @@ VENTURI_BENCH_HOST, VENTURI_BENCH_PORT, VENTURI_BENCH_USER, VENTURI_BENCH_PASSWO
                       the server (default 127.0.0.1:5432, user postgres, trust auth;
                       always TCP, never a Unix socket)
 VENTURI_BENCH_CONN_MAX_AGE  Django CONN_MAX_AGE (default 0, Django's default)
+VENTURI_BENCH_HISTORY=0     VENTURI["HISTORY"] off (`flow_control.py`'s history_off variant)
 
-VENTURI is left at the library's defaults; the worker's flags change what a run needs.
+VENTURI is otherwise left at the library's defaults; the worker's flags change what a run needs.
 LOGGING is not set, so `venturi_worker` configures its own stderr logging (INFO at -v 1).
 """
 
@@ -41,3 +42,6 @@ DATABASES = {
 }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if os.environ.get("VENTURI_BENCH_HISTORY") == "0":
+    VENTURI = {"HISTORY": False}

@@ -41,7 +41,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_venturi.admin import bulk_actions, cleanup, stats
+from django_venturi.admin import bulk_actions, cleanup, history_pages, kind_page, stats
 from django_venturi.admin import pauses as pause_admin
 from django_venturi.admin.actions import (
     CANCEL,
@@ -121,7 +121,7 @@ class JobAdmin(JobAdminBase):
         "enqueued",
         "error_summary",
     )
-    list_display_links = ("id", "kind_cell")
+    list_display_links = ("id",)
     list_filter = (
         "state",
         KindFilter,
@@ -216,7 +216,10 @@ class JobAdmin(JobAdminBase):
 
     @admin.display(description="kind", ordering="kind")
     def kind_cell(self, job: Job) -> SafeString:
-        return cut(job.kind)
+        """The kind, a link to its page (`history_pages.kind_page`)."""
+        return format_html(
+            '<a href="{}">{}</a>', kind_page.kind_url(job.kind, self.admin_site.name), cut(job.kind)
+        )
 
     @admin.display(description="state", ordering="state")
     def state_label(self, job: Job) -> SafeString:
@@ -421,6 +424,16 @@ class JobAdmin(JobAdminBase):
 
         return [
             view(self.stats_view, "stats"),
+            path(
+                "stats/history/",
+                self.admin_site.admin_view(self.stats_history_view),
+                name="django_venturi_job_stats_history",
+            ),
+            path(
+                "kinds/<path:kind>/",
+                self.admin_site.admin_view(self.kind_view),
+                name="django_venturi_job_kind",
+            ),
             view(lambda request: pause_admin.answer(request, resuming=False), "pause"),
             view(lambda request: pause_admin.answer(request, resuming=True), "resume"),
             view(self.cleanup_view, "cleanup"),
@@ -488,6 +501,16 @@ class JobAdmin(JobAdminBase):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return stats.stats_page(self, request)
+
+    def stats_history_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return history_pages.history_json(request)
+
+    def kind_view(self, request: HttpRequest, kind: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return kind_page.kind_page(self, request, kind)
 
     def cleanup_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_cleanup_permission(request):

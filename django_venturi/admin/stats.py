@@ -1,9 +1,11 @@
 """The stats page: `venturi.stats()` drawn as tables and a chart, for the view permission.
 
 Live counts by kind and queue, queue latency, kinds nobody serves (orphans),
-the journal's last hour by kind and per minute as an SVG chart, the live
-workers, and the pauses (`pauses`). `JobAdmin.stats_view` checks the permission
-and calls `stats_page`; `?refresh=10` reloads the page every 10 seconds.
+the journal's last hour by kind and per minute as an SVG chart, the history
+of the roll-ups over a range as charts (`history_pages`), the live workers,
+and the pauses (`pauses`). Kind names link to their page (`kind_page`).
+`JobAdmin.stats_view` checks the permission and calls `stats_page`;
+`?refresh=10` reloads the page every 10 seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from django_venturi.admin import history_pages
 from django_venturi.admin import pauses as pause_admin
 from django_venturi.admin.breadcrumbs import job_page_breadcrumbs
 from django_venturi.admin.display import short_age
@@ -53,6 +56,7 @@ def stats_page(model_admin: admin.ModelAdmin[Job], request: HttpRequest) -> Temp
         "last_hour_rows": last_hour_by_kind(venturi_settings.DATABASE, snapshot),
         "refresh": refresh_seconds(request),
         **pause_admin.pause_context(request, snapshot),
+        **history_pages.history_context(request),
     }
     return TemplateResponse(request, "admin/django_venturi/job/stats.html", context)
 

@@ -47,7 +47,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("django_venturi", "0015_schedule_state"),
+        ("django_venturi", "0016_history_rollups"),
     ]
 
     operations = [

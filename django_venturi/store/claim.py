@@ -309,6 +309,7 @@ def _claimed(rows: list[tuple[Any, ...]], token: uuid.UUID, sent: float) -> list
             keyed=row[12],
             fair_key=row[13],
             trace_context=_json(row[15]),
+            run_at=row[16],
         )
         for row in rows
         if row[0] is not None  # the full claim's row when it took nothing

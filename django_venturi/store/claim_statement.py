@@ -235,7 +235,7 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM leased)) AND leased.id = job.id
 RETURNING job.id, job.kind, job.queue, job.priority, job.payload::text, job.carry::text,
           job.attempt, job.failures, job.enqueued_at, job.started_at, leased.seconds,
           job.dependents > 0, job.dedup_key IS NOT NULL, job.fair_key, leased.fair_turn,
-          job.trace_context::text"""
+          job.trace_context::text, job.run_at"""
 
 # The full claim's rows end with whether it may have passed over due jobs of capped
 # or rate-limited kinds (`Claimed.left_behind`): the pool held rows the limits turned

@@ -58,6 +58,8 @@ class ClaimedJob:
     trace_context: dict[str, str] | None = None
     """The W3C headers of the span that enqueued it (`tracing.py`): its runs' spans link
     to it."""
+    run_at: datetime | None = None
+    """When it became due (`Job.run_at` as claimed): its wait ran from there to its start."""
 
     def start_after(self, waited: float) -> None:
         """Its handler starts `waited` seconds after the claim: date the run from there.
@@ -106,6 +108,7 @@ class ClaimedJob:
             keyed=job.dedup_key is not None,
             fair_key=job.fair_key,
             trace_context=job.trace_context if with_data else None,
+            run_at=job.run_at if with_data else None,
         )
 
 

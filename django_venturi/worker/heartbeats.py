@@ -31,6 +31,8 @@ from collections.abc import Callable
 
 from django import db
 
+from django_venturi.conf import venturi_settings
+from django_venturi.registry import registry
 from django_venturi.store import leases, registration
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.liveness import HEARTBEAT, Progress
@@ -42,6 +44,15 @@ BUSY_RETRY = 0.1
 """Seconds before extending again a lease whose row was locked."""
 ORPHAN_AUDIT_BEATS = 3
 """Heartbeats between two looks for this worker's orphans."""
+
+
+def heartbeat_interval() -> float:
+    """The setting, or a third of the shortest lease of a known task if that is shorter."""
+    shortest = min(
+        (spec.lease for spec in registry.specs() if spec.lease is not None),
+        default=venturi_settings.DEFAULT_LEASE,
+    )
+    return min(venturi_settings.HEARTBEAT_INTERVAL, shortest / 3).total_seconds()
 
 
 class Heartbeat(Service):

@@ -8,6 +8,7 @@
 - the heartbeat (`heartbeats.py`) extends leases and beats the registry row, on a
   connection of its own, never behind result writes or anyone's row lock;
 - on PostgreSQL, the listener (`listener.py`) wakes the claimer on NOTIFY;
+- the history writer (`history.py`) writes the figures of runs per minute;
 - the timeout watchdog (`timeouts.py`) and, when configured, the retention
   sweeper (`sweeper.py`).
 
@@ -39,7 +40,6 @@ from django_venturi.conf import (
     venturi_settings,
 )
 from django_venturi.observe import telemetry
-from django_venturi.registry import registry
 from django_venturi.states import JournalOutcome
 from django_venturi.store import orphan_kinds, registration, verdicts
 from django_venturi.store.cancel import cancel_channel
@@ -52,7 +52,8 @@ from django_venturi.worker import first_contact, options, stop_signals, systemd
 from django_venturi.worker.claimer import Claimer
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
-from django_venturi.worker.heartbeats import Heartbeat
+from django_venturi.worker.heartbeats import Heartbeat, heartbeat_interval
+from django_venturi.worker.history import HistoryWriter
 from django_venturi.worker.listener import Listener, listener_alias
 from django_venturi.worker.liveness import STALL_EXIT_WAIT, START_UP, Progress, Stall, Watch
 from django_venturi.worker.orphan_watch import OrphanWatch
@@ -116,7 +117,7 @@ class Worker:
         )
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         options.check_name(self.name)
-        self.heartbeat_interval = self._heartbeat_interval()
+        self.heartbeat_interval = heartbeat_interval()
         tasks_kind_prefix = runner.claimable_prefix()
         self.kinds = orphan_kinds.runnable_kinds(tasks_kind_prefix)
         """What it can run: its tasks' kinds, and `tasks:*` if it runs Django Tasks jobs."""
@@ -204,7 +205,8 @@ class Worker:
             wake_order=self.wake_order,
             progress=self.progress,
         )
-        self._services: list[Service] = [self.results, self.heartbeat]
+        self.history = HistoryWriter(alias=self.database, worker=self.name, health=self.health)
+        self._services: list[Service] = [self.results, self.heartbeat, self.history]
         self._database_answered = False
         """The database answered before anything started (`first_contact`)."""
         self._listener: Listener | None = None
@@ -220,15 +222,6 @@ class Worker:
     def processed(self) -> int:
         """Runs whose verdict this worker wrote."""
         return self.results.processed
-
-    @staticmethod
-    def _heartbeat_interval() -> float:
-        """The setting, or a third of the shortest lease of a known task if that is shorter."""
-        shortest = min(
-            (spec.lease for spec in registry.specs() if spec.lease is not None),
-            default=venturi_settings.DEFAULT_LEASE,
-        )
-        return min(venturi_settings.HEARTBEAT_INTERVAL, shortest / 3).total_seconds()
 
     # ------------------------------------------------------------ public
 
@@ -381,7 +374,8 @@ class Worker:
             self._wake.set()
 
     def _written(self, verdicts: Sequence[Verdict]) -> None:
-        """Verdicts were written: wake the claim loop if they call for a claim."""
+        """Verdicts were written: count them; wake the claim loop if they call for a claim."""
+        self.history.record(verdicts)
         if self.claimer.claim_after(verdicts):
             self._wake_claimer()
 
@@ -436,8 +430,10 @@ class Worker:
         self._wait_for(self.results)
         if self.results.died() or self.results.is_alive():
             self._release_directly()
+        self.history.stop()
         self.heartbeat.stop()
         self.liveness.stop()
+        self._wait_for(self.history)
         self._wait_for(self.heartbeat)
         self.handlers.stop()
         self.health.guarded(
