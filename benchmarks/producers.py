@@ -12,17 +12,24 @@ producer runs each variant for `--seconds` (3), all at once, one job per transac
 
   insert    the job's INSERT alone, the statement venturi sends, with no NOTIFY;
   notify    the same INSERT with `pg_notify` in it: what `enqueue()` sent before issue 36;
-  enqueue   `SinkJob(i=i).enqueue()`, the code of this checkout.
+  enqueue_silent  `SinkJob(i=i).enqueue()` with the wake-up switched off: venturi's
+            own INSERTs without any NOTIFY (the target's reference);
+  enqueue   `SinkJob(i=i).enqueue()`, the code of this checkout (since issue 36: no
+            worker of the queue waits, so nothing is notified);
+  enqueue_waiting  the same with a worker of the queue marked waiting all along: each
+            enqueue NOTIFYs after its commit (the design's worst case).
 
 It prints, per variant, the median over the rounds of the jobs per second of all
-producers together, its ratio to `insert` (the target: `enqueue` at 0.80 or more), and
+producers together, its ratios to `insert` and to `enqueue_silent` (the target:
+`enqueue` at 0.80 or more of the same INSERTs without any NOTIFY), and
 the CPU time per job of the producer processes and of the PostgreSQL backends of the
 benchmark's database (read from /proc: steadier than rates on a shared machine).
 
 Then the wake-up: one `venturi_worker` serving the queue, idle, and one producer
 enqueueing `--wakes` (40) jobs 100 ms apart; the latency of a job is the handler's
-start (its own clock) minus the time just before `enqueue()` was called. It prints p50
-and p95 over all rounds' jobs (the target: p50 at 5 ms or less).
+start (its own clock) minus the time just before `enqueue()` was called (its commit
+included), and minus the time it returned. It prints p50 and p95 over all rounds' jobs
+(the target: p50 at 5 ms or less).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from benchmarks.idle_fleet import live_workers  # noqa: E402
 from benchmarks.sink import SinkReader  # noqa: E402
 
 DBNAME = "venturi_bench_producers"
-VARIANTS = ("insert", "notify", "enqueue")
+VARIANTS = ("insert", "notify", "enqueue_silent", "enqueue", "enqueue_waiting")
 AFTER = {
     "after": "SELECT pg_notify('venturi', 'default')",
     "after_async": "SELECT set_config('synchronous_commit', 'off', true), "
@@ -64,6 +71,14 @@ WAKE_INTERVAL = 0.1
 WAKE_BASE = 10_000_000
 """The `i` of the wake-up jobs, apart from the producers' (8 digits in the sink)."""
 TICKS = os.sysconf("SC_CLK_TCK")
+WAITING_ROW = """
+    INSERT INTO django_venturi_workerprocess
+        (name, host, pid, queues, kinds, concurrency, running, processed, heartbeat_grace)
+    VALUES ('bench-waiting', 'bench', 0, '["default"]', NULL, 1, 0, 0, interval '0')
+"""
+"""A registry row that `enqueue_waiting` marks waiting: every enqueue then finds a
+waiting worker of its queue and NOTIFYs after its commit (the worst case of the design:
+in a real run a worker that falls behind clears its mark)."""
 
 _INSERT = """
     WITH inserted AS (
@@ -93,7 +108,9 @@ def produce(variants: list[str], seconds: float) -> None:
     from django.db import connection
 
     from benchmarks.bench_project.benchapp.tasks import SinkJob
+    from django_venturi.store import waiting_workers
 
+    wake = waiting_workers.wake_after_commit
     connection.ensure_connection()
     print("ready", flush=True)
     start = float(sys.stdin.readline())
@@ -102,6 +119,8 @@ def produce(variants: list[str], seconds: float) -> None:
         begin = start + k * (seconds + GAP)
         time.sleep(max(0.0, begin - time.time()))
         step = _step(variant, SinkJob)
+        silent = variant == "enqueue_silent"  # no wake-up at all
+        waiting_workers.wake_after_commit = (lambda alias, queues: None) if silent else wake
         jobs, cpu = 0, time.process_time()
         while time.time() < begin + seconds:
             step(jobs)
@@ -112,7 +131,7 @@ def produce(variants: list[str], seconds: float) -> None:
 
 
 def _step(variant: str, task: Any) -> Any:
-    if variant == "enqueue":
+    if variant.startswith("enqueue"):
         return lambda i: task(i=i).enqueue()
     from django.db import connection
 
@@ -131,7 +150,7 @@ def _step(variant: str, task: Any) -> Any:
 
 def wake(count: int) -> None:
     """A child with Django set up: enqueue `count` jobs WAKE_INTERVAL apart; print the
-    time just before each enqueue as JSON."""
+    times just before each enqueue and just after it returned, as JSON."""
     import django
 
     django.setup()
@@ -140,12 +159,13 @@ def wake(count: int) -> None:
     from benchmarks.bench_project.benchapp.tasks import SinkJob
 
     connection.ensure_connection()
-    before = []
+    times = []
     for i in range(count):
         time.sleep(WAKE_INTERVAL)
-        before.append(time.time())
+        before = time.time()
         SinkJob(i=WAKE_BASE + i).enqueue()
-    print(json.dumps(before))
+        times.append([before, time.time()])
+    print(json.dumps(times))
 
 
 # ---------------------------------------------------------------- the parent side
@@ -190,6 +210,7 @@ def producers_round(options: argparse.Namespace, order: list[str], sink: Path) -
     with psycopg.connect(admin_dsn(DBNAME), autocommit=True) as conn:
         conn.execute("TRUNCATE django_venturi_job CASCADE")
         conn.execute("DELETE FROM django_venturi_workerprocess")
+        conn.execute(WAITING_ROW)
     idle = worker("elsewhere", sink)
     try:
         wait_for_workers(1)
@@ -215,6 +236,8 @@ def producers_round(options: argparse.Namespace, order: list[str], sink: Path) -
         for k in range(len(order) + 1):
             time.sleep(max(0.0, start + k * (options.seconds + GAP) - GAP / 2 - time.time()))
             readings.append(backend_cpu(set(readings[-1]) if readings else None))
+            if k < len(order):
+                mark_waiting(order[k] == "enqueue_waiting")
         outputs = [json.loads(child.communicate(timeout=120)[0]) for child in children]
         late = [variant for output in outputs for variant, (jobs, _) in output.items() if not jobs]
         if late:
@@ -234,7 +257,7 @@ def producers_round(options: argparse.Namespace, order: list[str], sink: Path) -
     return result
 
 
-def wake_round(options: argparse.Namespace, sink: SinkReader) -> list[float]:
+def wake_round(options: argparse.Namespace, sink: SinkReader) -> list[tuple[float, float]]:
     serving = worker("default", Path(sink.path))
     try:
         wait_for_workers(1)
@@ -255,10 +278,23 @@ def wake_round(options: argparse.Namespace, sink: SinkReader) -> list[float]:
     finally:
         serving.terminate()
         serving.wait(timeout=60)
-    latencies = [1000 * (min(sink.times.pop(WAKE_BASE + i)) - t) for i, t in enumerate(before)]
+    latencies = []
+    for i, (called, returned) in enumerate(before):
+        started = min(sink.times.pop(WAKE_BASE + i))
+        latencies.append((1000 * (started - called), 1000 * (started - returned)))
     with psycopg.connect(admin_dsn(DBNAME), autocommit=True) as conn:
         conn.execute("DELETE FROM django_venturi_workerprocess")
     return latencies
+
+
+def mark_waiting(waiting: bool) -> None:
+    """Show the producers a waiting worker of their queue (the registry row alone)."""
+    with psycopg.connect(admin_dsn(DBNAME), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE django_venturi_workerprocess SET waiting = %s, heartbeat_at = now() "
+            "WHERE name = 'bench-waiting'",
+            [waiting],
+        )
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -277,7 +313,7 @@ def main() -> None:
     variants = options.variants.split(",")
     fresh_database(DBNAME)
     rounds: list[dict[str, Any]] = []
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             sink = SinkReader(str(Path(tmp) / "sink"))
@@ -294,32 +330,39 @@ def main() -> None:
 
 
 def print_table(
-    options: argparse.Namespace, rounds: list[dict[str, Any]], waits: list[float]
+    options: argparse.Namespace,
+    rounds: list[dict[str, Any]],
+    waits: list[tuple[float, float]],
 ) -> None:
     def median(variant: str, figure: str) -> float:
         return statistics.median(result[variant][figure] for result in rounds)
 
     print(
         f"| {options.producers} producers, one job per transaction "
-        f"(median of {len(rounds)} rounds) | jobs/s | vs insert | producer CPU µs/job "
-        "| backend CPU µs/job |"
+        f"(median of {len(rounds)} rounds) | jobs/s | vs insert | vs enqueue_silent "
+        "| producer CPU µs/job | backend CPU µs/job |"
     )
-    print("|---|---:|---:|---:|---:|")
-    ratios = {
-        variant: statistics.median(r[variant]["rate"] / r["insert"]["rate"] for r in rounds)
-        for variant in rounds[0]
-    }
+    print("|---|---:|---:|---:|---:|---:|")
+
+    def ratio(variant: str, reference: str) -> str:
+        if reference not in rounds[0]:
+            return "-"
+        return f"{statistics.median(r[variant]['rate'] / r[reference]['rate'] for r in rounds):.2f}"
+
     for variant in rounds[0]:
         print(
-            f"| {variant} | {median(variant, 'rate'):,.0f} | {ratios[variant]:.2f} "
+            f"| {variant} | {median(variant, 'rate'):,.0f} | {ratio(variant, 'insert')} "
+            f"| {ratio(variant, 'enqueue_silent')} "
             f"| {median(variant, 'producer_us'):,.0f} | {median(variant, 'backend_us'):,.0f} |"
         )
     print()
     apart = f"{WAKE_INTERVAL * 1000:.0f} ms apart"
     print(f"| idle worker's wake-up ({len(waits)} jobs, {apart}) | p50 | p95 |")
     print("|---|---:|---:|")
-    p50, p95 = percentile(waits, 0.5), percentile(waits, 0.95)
-    print(f"| enqueue() called to handler start | {p50:.1f} ms | {p95:.1f} ms |")
+    for index, start in enumerate(("called", "returned")):
+        values = [wait[index] for wait in waits]
+        p50, p95 = percentile(values, 0.5), percentile(values, 0.95)
+        print(f"| enqueue() {start} to handler start | {p50:.1f} ms | {p95:.1f} ms |")
 
 
 if __name__ == "__main__":

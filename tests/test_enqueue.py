@@ -187,6 +187,7 @@ def test_postgresql_notifies_after_the_commit_only() -> None:
     """With a worker waiting (store/waiting_workers.py), a NOTIFY follows each commit."""
     registration.register("default", name="waiting", queues=None, concurrency=1)
     assert waiting_workers.mark("default", "waiting", waiting=True)
+    waiting_workers.forget()
     params = connections["default"].get_connection_params()
     with psycopg.connect(
         dbname=params["dbname"],

@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import connections
+from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_venturi as venturi
@@ -35,6 +36,12 @@ def listener() -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     ) as connection:
         connection.execute("LISTEN venturi")
         yield connection
+
+
+@pytest.fixture(autouse=True)
+def forgetting() -> None:
+    """Each test starts without the process's memory of looks that found nobody."""
+    waiting_workers.forget()
 
 
 def received(listener: psycopg.Connection[tuple[object, ...]]) -> list[str]:
@@ -70,6 +77,33 @@ def test_a_notification_for_each_queue_a_live_waiting_worker_serves(
     waiting_worker("every", None)
     venturi.enqueue_many([tasks.Noop(n=n) for n in range(3)], queue="other")
     assert received(listener) == ["other"]
+
+
+def test_a_look_that_found_nobody_is_remembered_for_a_moment(
+    listener: psycopg.Connection[tuple[object, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(waiting_workers, "NOT_WAITING_MEMORY", 3600.0)
+    tasks.Noop(n=1).enqueue(queue="emails")  # looks: nobody waits
+    waiting_worker("emails", ["emails"])
+    with CaptureQueriesContext(connections["default"]) as queries:
+        tasks.Noop(n=2).enqueue(queue="emails")
+    assert not any("pg_notify" in query["sql"] for query in queries.captured_queries)
+    assert received(listener) == []  # the worker finds it at its claim after the mark
+    waiting_workers.forget()
+    tasks.Noop(n=3).enqueue(queue="emails")
+    assert received(listener) == ["emails"]
+
+
+def test_the_memory_is_read_at_the_commit_not_at_the_enqueue(
+    listener: psycopg.Connection[tuple[object, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(waiting_workers, "NOT_WAITING_MEMORY", 3600.0)
+    tasks.Noop(n=1).enqueue(queue="emails")  # looks: nobody waits
+    waiting_worker("emails", ["emails"])
+    with transaction.atomic():
+        tasks.Noop(n=2).enqueue(queue="emails")
+        waiting_workers.forget()  # the memory ran out before the commit
+    assert received(listener) == ["emails"]
 
 
 def test_a_stopped_worker_is_not_waiting_any_more() -> None:

@@ -12,17 +12,24 @@ with an asynchronous commit (it protects nothing durable, so nothing waits for a
 WAL flush while the lock is held). With no worker waiting, that statement reads a
 few rows, takes no transaction id and no lock.
 
+Each process remembers, for NOT_WAITING_MEMORY seconds, the queues that look found
+no waiting worker of, and skips the look for them meanwhile: a producer enqueueing
+while every worker is busy sends one statement per job, not two.
+
 A worker marks itself waiting (`WorkerProcess.waiting`) when a claim came back short
-with room left, then claims once more before it sleeps; it clears the mark when a
-claim comes back full (it is behind, and claims as its runs finish). No wake-up is
-lost: a job committed before the worker's second claim began is claimed by it, and a
-job committed after that was committed after the mark, so the look that follows its
-commit sees the mark and sends the NOTIFY.
+with room left, then claims at once and again NOT_WAITING_MEMORY seconds later before
+it sleeps; it clears the mark when a claim comes back full (it is behind, and claims
+as its runs finish). No wake-up is lost: a job committed before the worker's first
+claim after the mark began is claimed by it; one committed later, whose producer
+looked after the mark, finds the mark and sends the NOTIFY; and one whose producer
+skipped the look, remembering an older look that found nobody, was committed less
+than NOT_WAITING_MEMORY after that look, so before the worker's second claim.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,7 +39,7 @@ from django_venturi.conf import venturi_settings
 from django_venturi.store.registration import stale_after
 
 _WAKE_SQL = """
-SELECT pg_notify(%s, q.queue), set_config('synchronous_commit', 'off', true)
+SELECT q.queue, pg_notify(%s, q.queue), set_config('synchronous_commit', 'off', true)
 FROM unnest(%s::text[]) AS q(queue)
 WHERE EXISTS (
     SELECT 1 FROM {table} AS w
@@ -40,7 +47,15 @@ WHERE EXISTS (
       AND (w.queues IS NULL OR w.queues ? q.queue)
 )
 """
-"""One NOTIFY per queue that a live, waiting worker serves (`queues` null: all)."""
+"""One NOTIFY per queue that a live, waiting worker serves (`queues` null: all); the
+rows returned name the queues notified."""
+
+NOT_WAITING_MEMORY = 0.05
+"""Seconds a process remembers that no worker of a queue waits (and sends no look for
+it); a worker claims again this long after it marked itself waiting."""
+
+_not_waiting: dict[tuple[str, str], float] = {}
+"""(alias, queue) -> when (`time.monotonic()`) a look found no waiting worker of it."""
 
 
 def wake_after_commit(alias: str, queues: Iterable[str]) -> None:
@@ -49,8 +64,22 @@ def wake_after_commit(alias: str, queues: Iterable[str]) -> None:
     transaction wakes nobody."""
     if connections[alias].vendor != "postgresql":
         return
-    chosen = sorted(set(queues))
-    transaction.on_commit(functools.partial(wake_waiting, alias, chosen), using=alias, robust=True)
+    # What the process remembers is read at the commit, not now: a look remembered now
+    # may be too old by the time a long transaction commits.
+    transaction.on_commit(
+        functools.partial(_committed, alias, sorted(set(queues))), using=alias, robust=True
+    )
+
+
+def _committed(alias: str, queues: list[str]) -> None:
+    now = time.monotonic()
+    chosen = [
+        queue
+        for queue in queues
+        if now - _not_waiting.get((alias, queue), -NOT_WAITING_MEMORY) >= NOT_WAITING_MEMORY
+    ]
+    if chosen:  # else no worker of these queues waited a moment ago
+        wake_waiting(alias, chosen)
 
 
 def wake_waiting(alias: str, queues: list[str]) -> None:
@@ -60,9 +89,20 @@ def wake_waiting(alias: str, queues: list[str]) -> None:
     connection = connections[alias]
     table = connection.ops.quote_name(WorkerProcess._meta.db_table)
     params: list[Any] = [venturi_settings.NOTIFY_CHANNEL, queues, stale_after()]
+    looked = time.monotonic()
     with connection.cursor() as cursor:
         cursor.execute(_WAKE_SQL.format(table=table), params)
-        cursor.fetchall()
+        notified = {row[0] for row in cursor.fetchall()}
+    for queue in queues:
+        if queue in notified:
+            _not_waiting.pop((alias, queue), None)
+        else:
+            _not_waiting[(alias, queue)] = looked
+
+
+def forget() -> None:
+    """Forget which queues had no waiting worker (the next enqueue of each looks)."""
+    _not_waiting.clear()
 
 
 def mark(alias: str, worker: str, *, waiting: bool) -> bool:

@@ -130,6 +130,9 @@ class Claimer:
         (`store/waiting_workers.py`)."""
         self._recheck = False
         """Just marked waiting: claim once more, whatever the room, before sleeping."""
+        self._recheck_at = float("inf")
+        """When to claim again after the mark (`time.monotonic()`): producers that looked
+        just before it remember for a moment that nobody waited (`waiting_workers.py`)."""
 
     def _guarded(self, action: Callable[[], T], what: str) -> T | None:
         """A step of the loop; after a failure, wait before the loop goes on."""
@@ -163,6 +166,8 @@ class Claimer:
         while not self._stop.is_set() and not self._service_died():
             self.progress.working(CLAIM_LOOP)
             self._wake.clear()
+            if time.monotonic() >= self._recheck_at:
+                self._recheck, self._recheck_at = True, float("inf")
             calls = self.wake_order.take() if self.wake_order is not None else []
             if self._unanswered_claims:
                 self._guarded(self._release_unanswered, "handing back an unanswered claim")
@@ -217,7 +222,11 @@ class Claimer:
                 wait = self._idle_wait() if claimed == [] else self.poll_interval
             # Never sleep past the next recovery sweep, scheduler pass or pause look.
             next_chore = min(
-                next_rescue, next_periodic, self.pause_watch.next_look, self._next_hand_on()
+                next_rescue,
+                next_periodic,
+                self.pause_watch.next_look,
+                self._next_hand_on(),
+                self._recheck_at,
             )
             self.progress.waiting(CLAIM_LOOP)
             self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
@@ -282,6 +291,8 @@ class Claimer:
         if not marked:
             return False  # tried again after the next claim
         self._waiting = self._recheck = waiting
+        if waiting:
+            self._recheck_at = time.monotonic() + waiting_workers.NOT_WAITING_MEMORY
         return waiting
 
     def registered(self) -> None:
