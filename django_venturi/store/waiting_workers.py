@@ -50,7 +50,7 @@ WHERE EXISTS (
 """One NOTIFY per queue that a live, waiting worker serves (`queues` null: all); the
 rows returned name the queues notified."""
 
-NOT_WAITING_MEMORY = 0.05
+NOT_WAITING_MEMORY = 0.25
 """Seconds a process remembers that no worker of a queue waits (and sends no look for
 it); a worker claims again this long after it marked itself waiting."""
 

@@ -296,8 +296,9 @@ class Claimer:
         return waiting
 
     def registered(self) -> None:
-        """The registry row was written afresh (not waiting): mark it again when due."""
+        """The registry row was written afresh (not waiting): claim, and mark it again."""
         self._waiting = False
+        self._wake.set()
 
     # ------------------------------------------------------------ claiming
 
