@@ -1,9 +1,10 @@
 """Writing jobs: one or many rows inside the caller's transaction.
 
-On PostgreSQL one statement inserts the rows and sends one NOTIFY per queue
-(delivered by PostgreSQL at commit, so a rolled-back enqueue wakes nobody). A
-batch goes in as one JSON document of rows, so it is one round trip. Other
-databases use the ORM.
+On PostgreSQL one statement inserts the rows; a batch goes in as one JSON document
+of rows, so it is one round trip. The transaction sends no NOTIFY: after it commits,
+a waiting worker of each queue is woken (`store/waiting_workers.py`), so a
+rolled-back enqueue wakes nobody and concurrent producers never commit one at a time
+behind PostgreSQL's NOTIFY lock. Other databases use the ORM.
 
 Jobs with a dedup key take another path, one job at a time: see `dedup.py`.
 
@@ -38,6 +39,7 @@ from django_venturi.store import (
     merging,
     missing_tables,
     statements,
+    waiting_workers,
 )
 from django_venturi.store.backoff import MAX_DELAY, checked_delay
 from django_venturi.store.clock import check_representable
@@ -149,7 +151,9 @@ def enqueue_many(
             job.trace_context = context
     alias = job_database(using)
     with missing_tables.explaining(alias):  # before `migrate`: say so
-        return _write(alias, new_jobs, after, after_failure)
+        jobs = _write(alias, new_jobs, after, after_failure)
+    waiting_workers.wake_after_commit(alias, (job.queue for job in new_jobs))
+    return jobs
 
 
 def _write(
@@ -284,9 +288,9 @@ _INSERT_ONE_SQL = """
         VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, 0, 0,
                 coalesce(%s::timestamptz, now() + coalesce(%s::interval, interval '0')),
                 now(), '', '')
-        RETURNING id, queue, run_at, enqueued_at
+        RETURNING id, run_at, enqueued_at
     )
-    SELECT id, run_at, enqueued_at, pg_notify(%s, queue) FROM inserted
+    SELECT id, run_at, enqueued_at FROM inserted
 """
 
 
@@ -303,7 +307,6 @@ def _insert_one_postgresql(alias: str, job: NewJob) -> Job:
         _trace_parameter(job.trace_context),
         job.run_at,
         job.delay,
-        venturi_settings.NOTIFY_CHANNEL,
     ]
     (row,) = statements.fetch(alias, sql, params)
     return _loaded(alias, job, row)
@@ -326,7 +329,6 @@ def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
         _rows_document(new_jobs),
         State.READY.value,
         _trace_parameter(new_jobs[0].trace_context),  # one enqueue_many: one span
-        venturi_settings.NOTIFY_CHANNEL,
     ]
     rows = statements.fetch(alias, _on_job_table(alias, _INSERT_MANY_SQL), params)
     return _loaded_many(alias, new_jobs, rows)
@@ -335,9 +337,7 @@ def _insert_postgresql(alias: str, new_jobs: Sequence[NewJob]) -> list[Job]:
 # The rows come in as one JSON document, `[[kind, queue, priority, payload, run_at,
 # delay seconds, fair key (a fair kind's only)], ...]`: one parameter however many
 # rows, dumped by the json module in C, where arrays of text would be quoted element
-# by element. `ord` keeps the RETURNING order equal to the input order. The NOTIFY
-# payload is the queue name only, never job arguments; PostgreSQL folds identical
-# notifications of one transaction into one.
+# by element. `ord` keeps the RETURNING order equal to the input order.
 _INSERT_MANY_SQL = """
     WITH rows AS (
         SELECT r.value ->> 0 AS kind, r.value ->> 1 AS queue,
@@ -354,12 +354,9 @@ _INSERT_MANY_SQL = """
         SELECT kind, queue, priority, %s, payload, fair_key, %s::jsonb, 0, 0,
                coalesce(run_at, now() + coalesce(delay, interval '0')), now(), '', ''
         FROM rows ORDER BY ord
-        RETURNING id, queue, run_at, enqueued_at
-    ),
-    notified AS (
-        SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
+        RETURNING id, run_at, enqueued_at
     )
-    SELECT id, run_at, enqueued_at, (SELECT count(*) FROM notified) FROM inserted
+    SELECT id, run_at, enqueued_at FROM inserted
     ORDER BY id
 """
 
@@ -420,10 +417,9 @@ _INSERT_KEYED_SQL = """
         -- The arbiter is the partial unique index on ready jobs of a key.
         ON CONFLICT (kind, dedup_key) WHERE state = 'ready' AND dedup_key IS NOT NULL
         DO NOTHING
-        RETURNING id, queue, run_at, enqueued_at
-    ),
-    notified AS (SELECT pg_notify(%s, queue) FROM inserted)
-    SELECT id, run_at, enqueued_at, (SELECT count(*) FROM notified) FROM inserted
+        RETURNING id, run_at, enqueued_at
+    )
+    SELECT id, run_at, enqueued_at FROM inserted
 """
 
 
@@ -446,7 +442,6 @@ def insert_keyed(alias: str, new_job: NewJob) -> Job | None:
         _trace_parameter(new_job.trace_context),
         new_job.run_at,
         new_job.delay,
-        venturi_settings.NOTIFY_CHANNEL,
     ]
     rows = statements.fetch(alias, sql, params)
     if not rows:

@@ -310,6 +310,11 @@ class WorkerProcess(models.Model):
         help_text="Its leases are not recovered while it beat this recently before they ran "
         "out (two heartbeat intervals).",
     )
+    waiting = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="It has room and waits for a wake-up: enqueues send one after their commit.",
+    )
 
     class Meta:
         verbose_name = "worker"

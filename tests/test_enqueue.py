@@ -17,6 +17,7 @@ from django.utils import timezone
 
 import django_venturi as venturi
 from django_venturi.models import Job
+from django_venturi.store import registration, waiting_workers
 from tests.test_codec import full_payload
 from tests.testapp.models import Account
 from tests.testapp.tasks import Address, AllTypes, Noop
@@ -182,32 +183,35 @@ def test_aenqueue_writes_the_job_from_async_code(alias: str) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_postgresql_notifies_at_commit_only() -> None:
+def test_postgresql_notifies_after_the_commit_only() -> None:
+    """With a worker waiting (store/waiting_workers.py), a NOTIFY follows each commit."""
+    registration.register("default", name="waiting", queues=None, concurrency=1)
+    assert waiting_workers.mark("default", "waiting", waiting=True)
+    waiting_workers.forget()
     params = connections["default"].get_connection_params()
-    listener = psycopg.connect(
+    with psycopg.connect(
         dbname=params["dbname"],
         user=params.get("user"),
         host=params.get("host"),
         port=params.get("port"),
         password=params.get("password"),
         autocommit=True,
-    )
-    listener.execute("LISTEN venturi")
+    ) as listener:
+        listener.execute("LISTEN venturi")
 
-    def received() -> list[str]:
-        return [n.payload for n in listener.notifies(timeout=0.5, stop_after=10)]
+        def received() -> list[str]:
+            return [n.payload for n in listener.notifies(timeout=0.5, stop_after=10)]
 
-    with transaction.atomic():
-        Noop().enqueue(queue="emails")
-        assert received() == []  # not before the commit
-    assert received() == ["emails"]
-    with pytest.raises(RuntimeError), transaction.atomic():
-        Noop().enqueue(queue="emails")
-        raise RuntimeError
-    assert received() == []  # never for a rollback
-    venturi.enqueue_many([Noop(n=i) for i in range(50)], queue="bulk")
-    assert received() == ["bulk"]  # one notification per transaction and queue
-    listener.close()
+        with transaction.atomic():
+            Noop().enqueue(queue="emails")
+            assert received() == []  # not before the commit
+        assert received() == ["emails"]
+        with pytest.raises(RuntimeError), transaction.atomic():
+            Noop().enqueue(queue="emails")
+            raise RuntimeError
+        assert received() == []  # never for a rollback
+        venturi.enqueue_many([Noop(n=i) for i in range(50)], queue="bulk")
+        assert received() == ["bulk"]  # one notification per transaction and queue
 
 
 def test_a_changed_venturi_setting_is_read_again(alias: str) -> None:

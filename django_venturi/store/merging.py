@@ -157,19 +157,17 @@ WITH merged AS (
         run_at = coalesce(%s::timestamptz, run_at),
         priority = coalesce(%s::smallint, priority)
     WHERE id = %s
-    RETURNING payload, run_at, priority, merged_count, last_merged_at, state, queue
-),
--- A ready job may have become due sooner: wake the workers at commit.
-notified AS (SELECT pg_notify(%s, queue) FROM merged WHERE state = 'ready')
-SELECT payload, run_at, priority, merged_count, last_merged_at, (SELECT count(*) FROM notified)
-FROM merged
+    RETURNING payload, run_at, priority, merged_count, last_merged_at
+)
+-- A ready job may have become due sooner: the enqueue wakes a waiting worker after
+-- its commit (`waiting_workers.py`), never inside this transaction.
+SELECT payload, run_at, priority, merged_count, last_merged_at FROM merged
 """
 
 
 def _apply_postgresql(
     alias: str, job: Job, payload: dict[str, Any] | None, decision: Merge, fair_key: str | None
 ) -> None:
-    from django_venturi.conf import venturi_settings
     from django_venturi.models import Job
 
     connection = connections[alias]
@@ -180,7 +178,6 @@ def _apply_postgresql(
         decision.run_at,
         None if decision.priority is None else int(decision.priority),
         job.pk,
-        venturi_settings.NOTIFY_CHANNEL,
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

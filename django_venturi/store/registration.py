@@ -83,6 +83,7 @@ def register(
             "running": 0,
             "processed": 0,
             "heartbeat_grace": heartbeat_interval * 2,
+            "waiting": False,
         },
     )
 
@@ -105,7 +106,7 @@ def stopped(alias: str, *, name: str, processed: int) -> None:
 
     now = now_expression(alias)
     WorkerProcess.objects.using(alias).filter(name=name).update(
-        stopped_at=now, heartbeat_at=now, running=0, processed=processed
+        stopped_at=now, heartbeat_at=now, running=0, processed=processed, waiting=False
     )
 
 

@@ -21,7 +21,7 @@ from typing import TypeVar
 from django_venturi.conf import venturi_settings
 from django_venturi.registry import registry
 from django_venturi.states import State
-from django_venturi.store import dependencies, leases, stuck_claims
+from django_venturi.store import dependencies, leases, stuck_claims, waiting_workers
 from django_venturi.store.claim import (
     Claimed,
     ClaimedJob,
@@ -125,6 +125,14 @@ class Claimer:
         cost an empty claim)."""
         self._counted_later = 0
         """Claims in a row that left capped and rate-limited kinds for later."""
+        self._waiting = False
+        """Marked waiting in the registry: enqueues of its queues NOTIFY after their commit
+        (`store/waiting_workers.py`)."""
+        self._recheck = False
+        """Just marked waiting: claim once more, whatever the room, before sleeping."""
+        self._recheck_at = float("inf")
+        """When to claim again after the mark (`time.monotonic()`): producers that looked
+        just before it remember for a moment that nobody waited (`waiting_workers.py`)."""
 
     def _guarded(self, action: Callable[[], T], what: str) -> T | None:
         """A step of the loop; after a failure, wait before the loop goes on."""
@@ -158,6 +166,8 @@ class Claimer:
         while not self._stop.is_set() and not self._service_died():
             self.progress.working(CLAIM_LOOP)
             self._wake.clear()
+            if time.monotonic() >= self._recheck_at:
+                self._recheck, self._recheck_at = True, float("inf")
             calls = self.wake_order.take() if self.wake_order is not None else []
             if self._unanswered_claims:
                 self._guarded(self._release_unanswered, "handing back an unanswered claim")
@@ -183,9 +193,12 @@ class Claimer:
             free = capacity - busy - held_back
             # Claim in batches of at least `concurrency` (at least half the local
             # buffer), not one claim per finished job.
-            threshold = max(self.handlers.concurrency, capacity // 2)
+            threshold = 1 if self._recheck else max(self.handlers.concurrency, capacity // 2)
+            self._recheck = False
             request = self._request(free) if free >= threshold else None
             claimed = None if request is None else self._claim(request)
+            if request is not None and claimed is not None and self._mark_waiting(request, claimed):
+                continue  # the claim after the mark: nothing committed before it is missed
             if calls and (request is None or claimed is None or _full(request, claimed)):
                 self._hand_on(calls)  # no room, or more may be due than this claim took
             if request is not None and claimed is not None and self._after_claim(request, claimed):
@@ -209,7 +222,11 @@ class Claimer:
                 wait = self._idle_wait() if claimed == [] else self.poll_interval
             # Never sleep past the next recovery sweep, scheduler pass or pause look.
             next_chore = min(
-                next_rescue, next_periodic, self.pause_watch.next_look, self._next_hand_on()
+                next_rescue,
+                next_periodic,
+                self.pause_watch.next_look,
+                self._next_hand_on(),
+                self._recheck_at,
             )
             self.progress.waiting(CLAIM_LOOP)
             self._wake.wait(min(wait, max(0.0, next_chore - time.monotonic())))
@@ -254,6 +271,34 @@ class Claimer:
         """When a deferred call is to be handed on (`time.monotonic()`), or infinity."""
         due = None if self.wake_order is None else self.wake_order.next_deferred()
         return float("inf") if due is None else due
+
+    # ------------------------------------------------------------ waiting for wake-ups
+
+    def _mark_waiting(self, request: ClaimRequest, claimed: Claimed) -> bool:
+        """Keep the registry's waiting mark: set after a claim that came back short (room
+        left, nothing more due), cleared after one that came back full (behind: runs
+        finishing call the next claims). True if just set: claim once more before
+        sleeping, for the jobs committed before the mark, whose enqueues saw none."""
+        if self.wake_order is None or self.burst:
+            return False  # no NOTIFY (SQLite, MariaDB), or a worker that ends when drained
+        waiting = not _full(request, claimed)
+        if waiting == self._waiting:
+            return False
+        marked = self.health.guarded(
+            lambda: waiting_workers.mark(self.alias, self.worker, waiting=waiting),
+            what="marking the worker waiting" if waiting else "clearing its waiting mark",
+        )
+        if not marked:
+            return False  # tried again after the next claim
+        self._waiting = self._recheck = waiting
+        if waiting:
+            self._recheck_at = time.monotonic() + waiting_workers.NOT_WAITING_MEMORY
+        return waiting
+
+    def registered(self) -> None:
+        """The registry row was written afresh (not waiting): claim, and mark it again."""
+        self._waiting = False
+        self._wake.set()
 
     # ------------------------------------------------------------ claiming
 

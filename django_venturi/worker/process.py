@@ -402,6 +402,7 @@ class Worker:
             heartbeat_interval=timedelta(seconds=self.heartbeat_interval),
             kinds=self.kinds,
         )
+        self.claimer.registered()
         self._see_peers()
 
     def _on_database_error(self) -> None:
