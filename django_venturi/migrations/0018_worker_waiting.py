@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_venturi', '0015_schedule_state'),
+        ('django_venturi', '0017_error_type'),
     ]
 
     operations = [
