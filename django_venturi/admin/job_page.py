@@ -31,6 +31,8 @@ from django_venturi.models import Job, JournalEntry
 from django_venturi.states import JournalOutcome, State
 
 if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec
+
     JournalInlineBase = admin.TabularInline[JournalEntry, Job]
 else:
     JournalInlineBase = admin.TabularInline
@@ -45,6 +47,51 @@ JOB_TIMES = (
     "cancel_requested_at",
     "periodic_tick",
 )
+
+
+JOB_FIELDSETS: _FieldsetSpec = (
+    (None, {"fields": ("kind", "queue", "priority", "rank", "state", "dedup_key")}),
+    ("Payload", {"fields": ("payload_json", "carry_json", "result_json")}),
+    (
+        "Runs",
+        {
+            "fields": (
+                "attempt",
+                "failures",
+                "merged_count",
+                "last_merged_at_text",
+                "last_error_text",
+                "progress_text",
+                "state_history_table",
+                "trace",
+            )
+        },
+    ),
+    (
+        "Workflow",
+        {"fields": ("waiting_for", "dependencies_list", "dependents_list")},
+    ),
+    (
+        "Times",
+        {"fields": ("enqueued_at_text", "run_at_text", "started_at_text", "finished_at_text")},
+    ),
+    (
+        "Claim",
+        {
+            "fields": (
+                "claimed_by",
+                "claim_token",
+                "lease_expires_at_text",
+                "cancel_requested_at_text",
+                "periodic_tick_text",
+            ),
+            "classes": ("collapse",),
+        },
+    ),
+)
+"""A job's page: its fields by section (`*_text`: a time to the second, `JOB_TIMES`)."""
+JOB_READONLY_FIELDS = tuple(str(name) for _, section in JOB_FIELDSETS for name in section["fields"])
+"""Every field of the page: jobs change only through the actions."""
 
 
 class JobAdminForm(forms.ModelForm):  # type: ignore[type-arg]

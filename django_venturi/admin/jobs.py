@@ -77,6 +77,8 @@ from django_venturi.admin.job_list import (
     state_age,
 )
 from django_venturi.admin.job_page import (
+    JOB_FIELDSETS,
+    JOB_READONLY_FIELDS,
     JobAdminForm,
     JournalInline,
     state_history,
@@ -139,77 +141,8 @@ class JobAdmin(JobAdminBase):
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     actions = ("retry_now", "cancel_jobs", "delete_selected")
-    fieldsets = (
-        (None, {"fields": ("kind", "queue", "priority", "rank", "state", "dedup_key")}),
-        ("Payload", {"fields": ("payload_json", "carry_json", "result_json")}),
-        (
-            "Runs",
-            {
-                "fields": (
-                    "attempt",
-                    "failures",
-                    "merged_count",
-                    "last_merged_at_text",
-                    "last_error_text",
-                    "progress_text",
-                    "state_history_table",
-                    "trace",
-                )
-            },
-        ),
-        (
-            "Workflow",
-            {"fields": ("waiting_for", "dependencies_list", "dependents_list")},
-        ),
-        (
-            "Times",
-            {"fields": ("enqueued_at_text", "run_at_text", "started_at_text", "finished_at_text")},
-        ),
-        (
-            "Claim",
-            {
-                "fields": (
-                    "claimed_by",
-                    "claim_token",
-                    "lease_expires_at_text",
-                    "cancel_requested_at_text",
-                    "periodic_tick_text",
-                ),
-                "classes": ("collapse",),
-            },
-        ),
-    )
-    readonly_fields = (
-        "kind",
-        "queue",
-        "priority",
-        "rank",
-        "state",
-        "dedup_key",
-        "payload_json",
-        "carry_json",
-        "result_json",
-        "attempt",
-        "failures",
-        "merged_count",
-        "last_merged_at_text",
-        "last_error_text",
-        "state_history_table",
-        "enqueued_at_text",
-        "run_at_text",
-        "started_at_text",
-        "finished_at_text",
-        "claimed_by",
-        "claim_token",
-        "lease_expires_at_text",
-        "progress_text",
-        "cancel_requested_at_text",
-        "periodic_tick_text",
-        "waiting_for",
-        "dependencies_list",
-        "dependents_list",
-        "trace",
-    )
+    fieldsets = JOB_FIELDSETS
+    readonly_fields = JOB_READONLY_FIELDS
     inlines = (JournalInline,)
 
     # ------------------------------------------------------------ columns
