@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from django_venturi.models import HISTOGRAM_BUCKETS, Job
 from django_venturi.observe.history import RANGES, read_history
@@ -88,7 +89,7 @@ def test_the_last_hour_reads_minutes_and_the_day_reads_hours_and_fresh_minutes()
     assert [p.completed for p in day.points if p.completed] == [4, 2]
 
 
-def test_the_kind_page_shows_history_settings_and_the_errors_spot(admin_client: Client) -> None:
+def test_the_kind_page_shows_history_settings_and_its_errors(admin_client: Client) -> None:
     tasks.Noop(n=1).enqueue()
     write_now("default", "tests.always_fails", figures(0, failed=3))
     response = admin_client.get(kind_page("tests.always_fails"))
@@ -98,8 +99,32 @@ def test_the_kind_page_shows_history_settings_and_the_errors_spot(admin_client: 
     assert '<span data-figure="failed">3</span>' in page
     assert 'failure rate <span data-figure="failure_rate_text">100.0%</span>' in page
     assert '<th scope="row">max attempts</th><td>3</td>' in page
-    assert 'id="venturi-kind-errors"' in page  # the spot left for errors grouped
+    assert 'id="venturi-kind-errors"' in page
     assert "kind=tests.always_fails" in page.split('data-url="', 1)[1].split('"', 1)[0]
+
+
+def test_the_kind_page_groups_the_current_errors_of_its_kind_only(admin_client: Client) -> None:
+    def fail(kind: str, message: str) -> None:
+        job = Job.objects.create(kind=kind, payload={})
+        Job.objects.filter(pk=job.pk).update(
+            state="failed",
+            finished_at=timezone.now(),
+            last_error=f"shop.Declined: {message}",
+            error_type="shop.Declined",
+        )
+
+    fail("tests.always_fails", "card refused")
+    fail("tests.always_fails", "card refused")
+    fail("tests.always_fails", "card expired")
+    fail("tests.noop", "not this kind's error")
+    page = admin_client.get(kind_page("tests.always_fails")).content.decode()
+    errors = page[page.index('id="venturi-kind-errors"') :]
+    errors = errors[: errors.index("</table>")]
+    assert errors.count("<tr><td>") == 2
+    assert "<tr><td>2</td>" in errors and "card refused" in errors
+    assert "<tr><td>1</td>" in errors and "card expired" in errors
+    assert "not this kind" not in errors
+    assert "error_type=shop.Declined&amp;kind=tests.always_fails" in errors
 
 
 def test_kind_names_link_to_their_page(admin_client: Client) -> None:

@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from django_venturi.admin.breadcrumbs import job_page_breadcrumbs
+from django_venturi.admin.error_groups import error_groups
 from django_venturi.admin.history_pages import history_context
 from django_venturi.admin.pauses import can_pause
 from django_venturi.admin.stats import refresh_seconds
@@ -37,7 +38,8 @@ def kind_url(kind: str, site: str = "admin") -> str:
 def kind_page(
     model_admin: admin.ModelAdmin[Job], request: HttpRequest, kind: str
 ) -> TemplateResponse:
-    """One kind: its history, failure rate, live jobs, limits, caps and pause state."""
+    """One kind: its history, failure rate, current errors grouped by type and first line,
+    live jobs, limits, caps and pause state."""
     alias = venturi_settings.DATABASE
     request.current_app = model_admin.admin_site.name
     now = database_time(alias, statement=True)
@@ -62,6 +64,7 @@ def kind_page(
         "caps": [use for use in cap_stats.usage(alias, now) if use.kind == kind],
         "rate_limits": [use for use in rate_limit_stats.usage(alias, now) if use.kind == kind],
         "kind_pauses": pauses,
+        "groups": error_groups(kind, using=alias),
         "can_pause": can_pause(request),
         "refresh": refresh_seconds(request),
         **history_context(request, kind=kind),
