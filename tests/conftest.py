@@ -89,6 +89,7 @@ DJANGO_FACING = frozenset(
         "enqueue",
         "example_project",
         "first_contact",
+        "maintenance",
         "migrations",
         "newcomer_messages",
         "operations",
