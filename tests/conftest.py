@@ -102,6 +102,7 @@ DJANGO_FACING = frozenset(
         "settings_and_flags",
         "sqlite_setup",
         "testing_helpers",
+        "table_health",
         "text",
         "traces",
     ]

@@ -16,6 +16,7 @@ from django.core.management.base import CommandError
 from django.db import connections
 from django.test import override_settings
 
+import django_venturi as venturi
 from django_venturi.checks import check_maintenance
 from django_venturi.migration_operations import SetStorageParameters
 from django_venturi.models import Job, MaintenanceRun
@@ -208,3 +209,19 @@ def test_a_bad_maintenance_setting_is_named_by_the_checks(value: object, message
 def test_a_good_maintenance_setting_passes_the_checks() -> None:
     assert check_maintenance({"MAINTENANCE": {"REINDEX": "1d"}}) == []
     assert check_maintenance({}) == []
+
+
+def index_size(name: str) -> int:
+    return int(query("SELECT pg_relation_size(%s::regclass)", [name])[0][0])
+
+
+def test_reindex_shrinks_a_bloated_claim_index() -> None:
+    venturi.enqueue_many([tasks.Noop(n=i) for i in range(20_000)])
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Job._meta.db_table}")
+        cursor.execute(f"VACUUM {Job._meta.db_table}")  # the room is reusable, not given back
+    tasks.Noop(n=1).enqueue()
+    bloated = index_size(CLAIM_INDEX)
+    reindex_command()
+    assert index_size(CLAIM_INDEX) < bloated / 10
+    assert Job.objects.filter(state="ready").count() == 1
