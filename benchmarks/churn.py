@@ -6,8 +6,9 @@ storage parameters of the job table's migration (`0018_job_table_storage`).
 
 Each variant gets a fresh, migrated database (`venturi_churn_<variant>`): `shipped`
 keeps the migration's parameters, `fillfactor` adds `fillfactor = 80` to them (room
-for HOT updates), `none` resets them to the server's defaults. All start from the same history (`--history`
-completed jobs: what retention keeps in a real deployment), packed and analysed.
+for HOT updates), `none` resets them to the server's defaults. All start from the
+same history (`--history` completed jobs: what retention keeps in a real
+deployment), packed and analysed.
 Then, side by side for the same minutes, each runs one `venturi_worker` draining
 a producer that enqueues `--rate` jobs a second and deletes the jobs it enqueued
 once finished `--keep` seconds ago (retention of the new jobs only: the history
