@@ -26,6 +26,7 @@ from django_venturi.store.maintenance_lock import cleanup_turn, maintenance_turn
 from django_venturi.store.reindex import indexes
 from django_venturi.store.retention import cleanup
 from django_venturi.worker.maintainer import maintain
+from django_venturi.worker.sweeper import sweep
 from tests.conftest import in_thread, result_of, wait_until
 from tests.testapp import tasks
 
@@ -225,3 +226,21 @@ def test_reindex_shrinks_a_bloated_claim_index() -> None:
     reindex_command()
     assert index_size(CLAIM_INDEX) < bloated / 10
     assert Job.objects.filter(state="ready").count() == 1
+
+
+def snapshots_held_by_others() -> list[tuple[Any, ...]]:
+    """Sessions of the test database (not this one) whose snapshot a rebuild would wait for."""
+    return query(
+        "SELECT pid, state, query FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL"
+    )
+
+
+@override_settings(VENTURI={"RETENTION": {"completed": "1h"}})
+def test_a_sweep_waiting_for_a_maintenance_run_holds_no_snapshot() -> None:
+    with maintenance_turn(ALIAS) as taken:
+        assert taken
+        thread, box = in_thread(sweep, ALIAS)
+        wait_until(cleanup_is_waiting, message="the sweep waiting for the maintenance turn")
+        assert snapshots_held_by_others() == [], "a rebuild would wait for the sweep forever"
+    assert result_of(thread, box)["completed"].jobs == 0
