@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
+from django.db import connections, transaction
 from django.test import override_settings
 
 import django_venturi as venturi
@@ -244,3 +244,9 @@ def test_a_sweep_waiting_for_a_maintenance_run_holds_no_snapshot() -> None:
         wait_until(cleanup_is_waiting, message="the sweep waiting for the maintenance turn")
         assert snapshots_held_by_others() == [], "a rebuild would wait for the sweep forever"
     assert result_of(thread, box)["completed"].jobs == 0
+
+
+def test_a_cleanup_inside_a_transaction_does_not_wait_for_a_maintenance_run() -> None:
+    with maintenance_turn(ALIAS) as taken, transaction.atomic(using=ALIAS):
+        assert taken
+        assert cleanup(older_than=timedelta(hours=1), using=ALIAS).jobs == 0

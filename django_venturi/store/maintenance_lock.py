@@ -3,7 +3,8 @@
 Both hold one advisory lock (`MAINTENANCE_LOCK_KEY`) on a connection of their own
 for the whole run: a cleanup shares it, a maintenance run takes it alone. A
 maintenance run that finds it taken does not start; a cleanup that finds it taken
-alone waits, trying again every `CLEANUP_RETRY` seconds.
+alone waits, trying again every `CLEANUP_RETRY` seconds, unless it runs inside a
+transaction (then it goes on at once, beside the maintenance run).
 
 Why session locks on an idle autocommit connection, and tries rather than waits:
 `REINDEX CONCURRENTLY` waits for every transaction of the database that holds a
@@ -44,7 +45,11 @@ def cleanup_turn(alias: str) -> Iterator[None]:
         yield
         return
     with _holder(alias) as holder:
+        # Inside a transaction (ATOMIC_REQUESTS, a caller's atomic block) the cleanup
+        # goes on at once: its transaction's snapshot would make the rebuild wait for it.
         while not _try(holder, "pg_try_advisory_lock_shared"):
+            if connections[alias].in_atomic_block:
+                break
             time.sleep(CLEANUP_RETRY)
         yield
 
