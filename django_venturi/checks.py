@@ -187,6 +187,7 @@ def check_settings(
     errors.extend(check_notify_channel(user))
     errors.extend(_check_lease_margin(user))
     errors.extend(check_retention(user))
+    errors.extend(check_maintenance(user))
     errors.extend(check_payload_limit(user))
     if "HISTORY" in user and not isinstance(user["HISTORY"], bool):
         errors.append(
@@ -441,6 +442,37 @@ def check_retention(user: dict[str, Any]) -> list[CheckMessage]:
                     "RETENTION", f"[{state!r}] must be a positive age, got {age!r}", "venturi.E035"
                 )
             )
+    return errors
+
+
+MAINTENANCE_TASKS = ("REINDEX",)
+SHORTEST_MAINTENANCE_INTERVAL = timedelta(hours=1)
+
+
+def check_maintenance(user: dict[str, Any]) -> list[CheckMessage]:
+    """MAINTENANCE maps maintenance tasks to how often workers run them."""
+    from django_venturi.conf import as_age
+
+    value = user.get("MAINTENANCE")
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        message = f'must be a dict like {{"REINDEX": "1d"}}, got {value!r}'
+        return [_error("MAINTENANCE", message, "venturi.E045")]
+    errors: list[CheckMessage] = []
+    for task, every in value.items():
+        if task not in MAINTENANCE_TASKS:
+            message = f"has {task!r}: keys must be among {', '.join(MAINTENANCE_TASKS)}"
+            errors.append(_error("MAINTENANCE", message, "venturi.E045"))
+            continue
+        try:
+            parsed = as_age(every)
+        except ValueError as error:
+            errors.append(_error("MAINTENANCE", f"[{task!r}]: {error}", "venturi.E045"))
+            continue
+        if parsed < SHORTEST_MAINTENANCE_INTERVAL:
+            message = f"[{task!r}] must be at least 1h between runs, got {every!r}"
+            errors.append(_error("MAINTENANCE", message, "venturi.E045"))
     return errors
 
 

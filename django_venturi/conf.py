@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "PERIODIC_INTERVAL": timedelta(seconds=5),
     "PERIODIC_CATCH_UP": None,
     "RETENTION": None,
+    "MAINTENANCE": None,
     "METRICS": False,
     "TRACE_URL": None,
     "MAX_PAYLOAD_BYTES": 1_000_000,
@@ -219,6 +220,12 @@ class VenturiSettings:
         """Finished state -> how long its jobs are kept; workers delete older ones. {}: keep all."""
         value = self._get("RETENTION") or {}
         return {str(state): as_age(age) for state, age in value.items()}
+
+    @property
+    def MAINTENANCE(self) -> dict[str, timedelta]:
+        """Maintenance task -> how often workers run it (`{"REINDEX": "1d"}`). {}: never."""
+        value = self._get("MAINTENANCE") or {}
+        return {str(task): as_age(every) for task, every in value.items()}
 
     @property
     def METRICS(self) -> bool:

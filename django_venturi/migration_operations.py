@@ -144,3 +144,62 @@ def _index_named(model: type[models.Model], name: str) -> models.Index:
         if index.name == name:
             return index
     raise LookupError(f"no index {name} on {model._meta.label}")
+
+
+class SetStorageParameters(Operation):
+    """`ALTER TABLE ... SET (parameter = value, ...)` on PostgreSQL; nothing elsewhere.
+
+    Going backwards resets the same parameters to the server's defaults. Storage
+    parameters change no column, so the migration state is untouched.
+    """
+
+    reversible = True
+
+    def __init__(self, model_name: str, parameters: dict[str, int | float]) -> None:
+        if not parameters:
+            raise ValueError("parameters must name at least one storage parameter")
+        for name in parameters:
+            if not name.replace("_", "").isalpha():
+                raise ValueError(f"parameters: {name!r} is not a storage parameter's name")
+        self.model_name = model_name
+        self.parameters = dict(parameters)
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs = {"model_name": self.model_name, "parameters": self.parameters}
+        return self.__class__.__qualname__, [], kwargs
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def database_forwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: Any,
+        to_state: Any,
+    ) -> None:
+        settings = ", ".join(f"{name} = {value!r}" for name, value in self.parameters.items())
+        self._alter(app_label, schema_editor, to_state, f"SET ({settings})")
+
+    def database_backwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: Any,
+        to_state: Any,
+    ) -> None:
+        self._alter(app_label, schema_editor, from_state, f"RESET ({', '.join(self.parameters)})")
+
+    def _alter(
+        self, app_label: str, schema_editor: BaseDatabaseSchemaEditor, state: Any, change: str
+    ) -> None:
+        if not _on_postgresql(schema_editor):
+            return
+        model = state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        table = schema_editor.quote_name(model._meta.db_table)
+        schema_editor.execute(f"ALTER TABLE {table} {change}")
+
+    def describe(self) -> str:
+        return f"Set storage parameters of {self.model_name} (PostgreSQL)"

@@ -399,6 +399,26 @@ class RunTally(models.Model):
         return f"runs of {self.minute.isoformat()}"
 
 
+class MaintenanceRun(models.Model):
+    """The latest run of each maintenance task (`venturi_maintenance`, `VENTURI["MAINTENANCE"]`).
+
+    Workers read it to run a task once per interval between them all.
+    """
+
+    task = models.CharField(max_length=50, primary_key=True)
+    started_at = models.DateTimeField(help_text="When the latest run began.")
+    finished_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it ended; empty while it runs or if it failed."
+    )
+    report = models.TextField(blank=True, default="", help_text="What it did, or its error.")
+
+    class Meta:
+        verbose_name = "maintenance run"
+
+    def __str__(self) -> str:
+        return f"{self.task} @ {self.started_at.isoformat()}"
+
+
 class Pause(models.Model):
     """A queue or a kind that workers do not claim from (see `pauses.py`).
 

@@ -127,6 +127,7 @@ DJANGO_FACING = frozenset(
         "error_triage",
         "example_project",
         "first_contact",
+        "maintenance",
         "migrations",
         "newcomer_messages",
         "operations",
@@ -139,6 +140,7 @@ DJANGO_FACING = frozenset(
         "settings_and_flags",
         "sqlite_setup",
         "testing_helpers",
+        "table_health",
         "text",
         "traces",
     ]

@@ -25,6 +25,7 @@ from django_venturi.admin.display import short_age
 from django_venturi.conf import venturi_settings
 from django_venturi.models import Job, JournalEntry
 from django_venturi.observe.snapshot import Stats, stats
+from django_venturi.observe.table_health import table_health
 from django_venturi.store import registration, tallies
 
 CHART_BAR_WIDTH = 10
@@ -55,6 +56,7 @@ def stats_page(model_admin: admin.ModelAdmin[Job], request: HttpRequest) -> Temp
         "stale_after": short_age(registration.stale_after()),
         "last_hour_rows": last_hour_by_kind(venturi_settings.DATABASE, snapshot),
         "refresh": refresh_seconds(request),
+        "table_health": table_health(using=venturi_settings.DATABASE),
         **pause_admin.pause_context(request, snapshot),
         **history_pages.history_context(request),
     }

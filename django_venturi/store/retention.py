@@ -29,6 +29,7 @@ from django_venturi.conf import venturi_settings
 from django_venturi.states import FINISHED_STATES, State
 from django_venturi.store import dependencies, registration, tallies
 from django_venturi.store.clock import database_time, now_expression
+from django_venturi.store.maintenance_lock import cleanup_turn
 
 if TYPE_CHECKING:
     from django_venturi.models import Job
@@ -101,6 +102,19 @@ def cleanup(
             journal_entries=JournalEntry.objects.using(alias).filter(job__in=old).count(),
             batches=0,
         )
+    with cleanup_turn(alias):  # never beside a maintenance run (`maintenance_lock.py`)
+        return _delete_in_batches(alias, old, batch_size, older_than, progress)
+
+
+def _delete_in_batches(
+    alias: str,
+    old: QuerySet[Job],
+    batch_size: int,
+    older_than: timedelta,
+    progress: Callable[[CleanupResult], None] | None,
+) -> CleanupResult:
+    from django_venturi.models import Job, JournalEntry
+
     since = tallies.window_start(database_time(alias))
     jobs = entries = batches = 0
     while True:

@@ -10,7 +10,7 @@
 - on PostgreSQL, the listener (`listener.py`) wakes the claimer on NOTIFY;
 - the history writer (`history.py`) writes the figures of runs per minute;
 - the timeout watchdog (`timeouts.py`) and, when configured, the retention
-  sweeper (`sweeper.py`).
+  sweeper and the maintainer (`housekeeping.py`).
 
 Runs are identified by their claim (`runs.py`). No service dies silently: the
 supervisor sees a service that died, stops claiming, releases what the worker
@@ -54,6 +54,7 @@ from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
 from django_venturi.worker.heartbeats import Heartbeat, heartbeat_interval
 from django_venturi.worker.history import HistoryWriter
+from django_venturi.worker.housekeeping import start_housekeeping
 from django_venturi.worker.listener import Listener, listener_alias
 from django_venturi.worker.liveness import STALL_EXIT_WAIT, START_UP, Progress, Stall, Watch
 from django_venturi.worker.orphan_watch import OrphanWatch
@@ -63,7 +64,6 @@ from django_venturi.worker.results import ResultsWriter
 from django_venturi.worker.run_events import RunEvents
 from django_venturi.worker.runs import Runs
 from django_venturi.worker.supervision import DatabaseHealth, Service
-from django_venturi.worker.sweeper import Sweeper
 from django_venturi.worker.timeouts import Watchdog
 from django_venturi.worker.wake_order import ListenerLocks, WakeOrder
 
@@ -256,7 +256,7 @@ class Worker:
         queues = ",".join(self.queues) if self.queues else "*"
         systemd.ready(status=f"working: queues={queues} concurrency={self.concurrency}")
         try:
-            Sweeper.start_if_configured(alias=self.database, stop=self._stop)
+            start_housekeeping(alias=self.database, stop=self._stop)
             self.claimer.loop()
         finally:
             self._shut_down()

@@ -23,6 +23,7 @@ from django_venturi.store.connections import (
     close_broken_connections,
     connection_params,
 )
+from django_venturi.store.maintenance_lock import cleanup_turn
 from django_venturi.store.retention import CleanupResult, cleanup
 
 logger = logging.getLogger("django_venturi.retention")
@@ -44,7 +45,9 @@ def sweep(alias: str) -> dict[str, CleanupResult] | None:
         return {}
     if connections[alias].vendor != "postgresql":
         return _delete(alias, policy)
-    with _sweep_lock(alias) as taken:
+    # The cleanup's turn first, outside the sweep lock's transaction: a sweep that
+    # waited for a maintenance run inside it would make the rebuild wait for it.
+    with cleanup_turn(alias), _sweep_lock(alias) as taken:
         return _delete(alias, policy) if taken else None
 
 

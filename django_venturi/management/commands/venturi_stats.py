@@ -22,6 +22,7 @@ from django_venturi.management import flags
 from django_venturi.observe.cap_stats import CapUse
 from django_venturi.observe.fair_stats import FairUse
 from django_venturi.observe.snapshot import Stats, stats
+from django_venturi.observe.table_health import table_health
 from django_venturi.store.orphan_kinds import OrphanKind
 
 ORPHAN_CAUSES = (
@@ -34,7 +35,7 @@ ORPHAN_CAUSES = (
 class Command(BaseCommand):
     help = (
         "Show ready, waiting and running jobs by kind and queue, queue latency, and the last "
-        "hour's completed and failed jobs, retried and other runs."
+        "hour's completed and failed jobs, retried and other runs, and the job table's health."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -81,10 +82,12 @@ class Command(BaseCommand):
             return
         while True:
             snapshot = stats(using=options["database"])
+            health = table_health(using=options["database"])
             if options["json"]:
-                self.stdout.write(json.dumps(snapshot.as_dict(), sort_keys=True))
+                figures = {**snapshot.as_dict(), "table_health": health.as_dict()}
+                self.stdout.write(json.dumps(figures, sort_keys=True))
             else:
-                self.stdout.write(render(snapshot))
+                self.stdout.write("\n".join([render(snapshot), *health.lines()]))
             if options["watch"] is None:
                 return
             self.stdout.flush()

@@ -1,0 +1,77 @@
+"""Maintenance run by workers on the schedule of `VENTURI["MAINTENANCE"]` (PostgreSQL).
+
+Every worker runs a maintainer thread when the setting is given, but one run
+happens per interval between them all: each pass takes the maintenance turn
+(`store/maintenance_lock.py`: never beside another maintenance run nor a cleanup)
+and reads the task's latest start in `MaintenanceRun` before doing anything
+(`store/maintenance.py`). Off PostgreSQL the thread is not started.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from django.db import connections
+
+from django_venturi.conf import venturi_settings
+from django_venturi.store.connections import DATABASE_ERRORS, close_broken_connections
+from django_venturi.store.maintenance import Outcome, run_reindex
+
+logger = logging.getLogger("django_venturi.maintenance")
+
+PASS_INTERVAL = timedelta(minutes=10)
+"""How often each worker offers to run what is due."""
+FIRST_PASS_AFTER = timedelta(seconds=30)
+
+
+def maintain(alias: str) -> Outcome | None:
+    """Run the reindex if `MAINTENANCE` asks for it and it is due; None if not configured."""
+    every = venturi_settings.MAINTENANCE.get("REINDEX")
+    if every is None:
+        return None
+    outcome = run_reindex(alias, every=every)
+    if outcome.report is not None:
+        logger.info(
+            "maintenance: reindex done: %s",
+            "; ".join(outcome.report.lines()) or "no index",
+            extra={"rebuilt": len(outcome.report.rebuilt), "dropped": len(outcome.report.dropped)},
+        )
+    return outcome
+
+
+class Maintainer:
+    """A daemon thread of a worker that offers to maintain every `interval` until `stop`."""
+
+    def __init__(
+        self, *, alias: str, stop: threading.Event, interval: timedelta = PASS_INTERVAL
+    ) -> None:
+        self.alias = alias
+        self.stop = stop
+        self.interval = interval
+        self.thread = threading.Thread(target=self._run, name="venturi-maintenance", daemon=True)
+
+    @classmethod
+    def start_if_configured(cls, *, alias: str, stop: threading.Event) -> Maintainer | None:
+        if not venturi_settings.MAINTENANCE or connections[alias].vendor != "postgresql":
+            return None
+        maintainer = cls(alias=alias, stop=stop)
+        maintainer.thread.start()
+        return maintainer
+
+    def _run(self) -> None:
+        wait = FIRST_PASS_AFTER
+        while not self.stop.wait(wait.total_seconds()):
+            try:
+                maintain(self.alias)
+            except Exception as error:  # any error: this pass is lost, the maintainer goes on
+                logger.warning(
+                    "maintenance failed: %s; next pass in %s",
+                    error,
+                    self.interval,
+                    exc_info=not isinstance(error, DATABASE_ERRORS),
+                )
+                close_broken_connections()
+            wait = self.interval
+        connections.close_all()
