@@ -228,11 +228,13 @@ def test_the_admin_stats_page_shows_the_caps(admin_client: Client) -> None:
     section = page.split('id="venturi-caps"')[1].split("</div>")[0]
     assert "<caption>Concurrency caps</caption>" in section
     assert (
-        "<tr><td>tests.key_capped</td><td>2 per account</td><td>10</td><td>5</td><td>3</td>"
+        '<tr><td><a href="/admin/django_venturi/job/kinds/tests.key_capped/">tests.key_capped</a>'
+        "</td><td>2 per account</td><td>10</td><td>5</td><td>3</td>"
         '<td>"" (2), acme (2), globex (2), hooli (1), initech (1)</td><td>12</td><td>6</td></tr>'
     ) in section
     assert (
-        "<tr><td>tests.capped</td><td>2</td><td>2</td><td>1</td><td>1</td><td>not keyed</td>"
+        '<tr><td><a href="/admin/django_venturi/job/kinds/tests.capped/">tests.capped</a></td>'
+        "<td>2</td><td>2</td><td>1</td><td>1</td><td>not keyed</td>"
         "<td>3</td><td>3</td></tr>"
     ) in section
     assert "across every worker" in section and "spend no attempt" in section

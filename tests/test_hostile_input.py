@@ -122,7 +122,13 @@ def venturi_model_admins() -> dict[str, admin.ModelAdmin[Any]]:
 class Page:
     model_name: str
     url_name: str
-    takes_object_id: bool
+    path_argument: str | None
+    """What the URL's path names (`object_id`, a job's `kind`), or None."""
+
+    @property
+    def takes_object_id(self) -> bool:
+        """Whether the path names something: an object's id, or a kind (the per-kind page)."""
+        return self.path_argument is not None
 
     def __str__(self) -> str:
         return self.url_name
@@ -131,7 +137,7 @@ class Page:
 def venturi_pages() -> list[Page]:
     """Every named URL the venturi model admins register."""
     return [
-        Page(model_name, pattern.name, "object_id" in pattern.pattern.converters)  # type: ignore[attr-defined]
+        Page(model_name, pattern.name, next(iter(pattern.pattern.regex.groupindex), None))
         for model_name, model_admin in venturi_model_admins().items()
         for pattern in model_admin.get_urls()
         if isinstance(pattern, URLPattern) and pattern.name
@@ -311,7 +317,9 @@ def page_url(page: Page, rows: dict[str, Any], object_id: str | None = None) -> 
         return reverse(f"admin:{page.url_name}")
     placeholder = "0123456789"
     url = reverse(f"admin:{page.url_name}", args=[placeholder])
-    if object_id is None:
+    if object_id is None and page.path_argument == "kind":
+        object_id = rows["job"].kind
+    elif object_id is None:
         object_id = str(rows[page.model_name].pk)
     return url.replace(placeholder, quote(object_id.encode("utf-8", "surrogateescape"), safe=""))
 
@@ -678,6 +686,7 @@ def test_commands_read_rows_with_odd_values_written_by_sql() -> None:
 COMMANDS = sorted(name for name, app in get_commands().items() if app == "django_venturi")
 BASE_ARGUMENTS = {
     "venturi_cleanup": ["--older-than", "7d", "--dry-run"],
+    "venturi_maintenance": ["reindex", "--dry-run"],
     "venturi_queue": ["pause", "default"],
     "venturi_stats": ["--json"],
     "venturi_worker": ["--burst"],

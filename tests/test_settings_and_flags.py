@@ -17,6 +17,7 @@ from django_venturi.checks import check_settings
 from django_venturi.conf import MAX_IDENTIFIER_BYTES, notify_channels, venturi_settings
 from django_venturi.models import Job
 from django_venturi.registry import registry
+from django_venturi.store import registration, waiting_workers
 from django_venturi.store.cancel import cancel_channel
 from django_venturi.store.claim import ClaimRequest, claim
 from django_venturi.store.pauses import pause_channel
@@ -93,6 +94,10 @@ def test_the_longest_channel_that_passes_carries_enqueue_cancel_and_pause(channe
         listener.start()
         try:
             assert listener.connected.wait(30), "the listener did not connect"
+            # An enqueue NOTIFYs only while a worker of its queue waits for one.
+            registration.register("default", name="waiting", queues=None, concurrency=1)
+            assert waiting_workers.mark("default", "waiting", waiting=True)
+            waiting_workers.forget()
             job = Noop(n=1).enqueue(queue="chan")
             wait_until(lambda: ("jobs", "chan") in heard, message="the enqueue's NOTIFY")
             kinds = registry.kinds()

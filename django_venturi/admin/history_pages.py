@@ -20,6 +20,7 @@ from django.http import HttpRequest, JsonResponse, QueryDict
 from django_venturi.admin import charts
 from django_venturi.conf import venturi_settings
 from django_venturi.observe.history import DEFAULT_RANGE, RANGES, History, read_history
+from django_venturi.payloads import text
 from django_venturi.store import history
 
 REFRESH_EVERY_MS = 5000
@@ -45,15 +46,20 @@ def chosen_range(request: HttpRequest) -> str:
 def chosen_filter(request: HttpRequest, name: str) -> str | None:
     """`?queue=` or `?kind=`: a name, or None (all). A name too long to exist is said."""
     value = request.GET.get(name, "").strip()
-    if len(value) > NAME_LIMIT:
-        messages.warning(
-            request,
-            f"{name}: expected a name of at most {NAME_LIMIT} characters, got "
-            f"{reprlib.repr(value)}; showing every {name}.",
-            fail_silently=True,
-        )
+    wrong = name_problem(value)
+    if wrong:
+        messages.warning(request, f"{name}: {wrong}; showing every {name}.", fail_silently=True)
         return None
     return value or None
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` can be no queue's or kind's name (too long, a character the database
+    refuses), or None."""
+    if len(value) > NAME_LIMIT:
+        return f"expected a name of at most {NAME_LIMIT} characters, got {reprlib.repr(value)}"
+    unstorable = text.problem(value)
+    return None if unstorable is None else f"{reprlib.repr(value)} {unstorable}"
 
 
 def history_context(request: HttpRequest, *, kind: str | None = None) -> dict[str, Any]:

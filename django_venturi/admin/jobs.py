@@ -443,6 +443,8 @@ class JobAdmin(JobAdminBase):
     def kind_view(self, request: HttpRequest, kind: str) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        if history_pages.name_problem(kind):
+            raise Http404("No kind can have this name.")
         return kind_page.kind_page(self, request, kind)
 
     def cleanup_view(self, request: HttpRequest) -> HttpResponse:
