@@ -16,6 +16,9 @@ Each round runs every variant once, in turn, each in a fresh database: N no-op
   fair      the N jobs are `bench.fair` jobs over 100 keys (a fair kind's own drain);
   history_off  plain with `VENTURI["HISTORY"]` off: the cost of writing the history
             roll-ups is plain's against this one (`--variants plain,history_off --rounds 5`).
+  no_live_index  plain without the live jobs' index (`venturi_job_live_idx`, dropped
+            after the migrations): its cost to a drain is plain's against this one
+            (`--variants plain,no_live_index --rounds 5`).
 FLOW_EXTRA=0 leaves those 200 jobs out (the limited kind is only registered).
 It prints, per variant, the median steady drain rate (from the handlers' own
 timestamps, the 10th to the last job) and the transactions the database
@@ -46,7 +49,16 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 SETTINGS = "benchmarks.bench_project.settings"
 DBNAME = "venturi_bench_flow" + os.environ.get("VENTURI_TEST_RUN", "")  # side by side runs
-VARIANTS = ("plain", "limited", "paused", "keyed", "fair_beside", "fair", "history_off")
+VARIANTS = (
+    "plain",
+    "limited",
+    "paused",
+    "keyed",
+    "fair_beside",
+    "fair",
+    "history_off",
+    "no_live_index",
+)
 EXTRA_JOBS = int(os.environ.get("FLOW_EXTRA", "200"))
 
 
@@ -146,6 +158,9 @@ def drain(variant: str, n: int) -> tuple[float, float, float]:
     """One variant once: (steady jobs per second, transactions committed per job, the
     worker's CPU milliseconds per job in the steady part)."""
     fresh_database()
+    if variant == "no_live_index":
+        with psycopg.connect(admin_dsn(DBNAME), autocommit=True) as conn:
+            conn.execute("DROP INDEX venturi_job_live_idx")
     subprocess.run(
         [sys.executable, str(Path(__file__)), "produce", variant, str(n)],
         env=variant_env(variant),

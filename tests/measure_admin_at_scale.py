@@ -2,6 +2,7 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
         python -m tests.measure_admin_at_scale [--rows 1000000]
+        python -m tests.measure_admin_at_scale --keep --database venturi_history_scale
 
 Builds its own database (`venturi_admin_scale`), fills it with `generate_series`
 (most jobs finished, some failed with an error of one of three types, some ready
@@ -28,14 +29,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="Reuse a filled database.")
+    parser.add_argument(
+        "--database",
+        default=DATABASE,
+        help="The database to fill or, with --keep, to measure (another script's, such as "
+        "measure_history_at_scale's, measured as it left it).",
+    )
     options = parser.parse_args()
     os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    os.environ["VENTURI_TEST_DATABASE_NAMES"] = json.dumps({"default": DATABASE})
+    os.environ["VENTURI_TEST_DATABASE_NAMES"] = json.dumps({"default": options.database})
     import django
 
     django.setup()
     if not options.keep:
-        fill(options.rows)
+        fill(options.rows, database=options.database)
     measure(options.repeat)
 
 
@@ -44,7 +51,9 @@ SHARES = (850, 900, 950, 980)
 the rest running."""
 
 
-def fill(rows: int, shares: tuple[int, int, int, int] = SHARES) -> None:
+def fill(
+    rows: int, shares: tuple[int, int, int, int] = SHARES, *, database: str | None = None
+) -> None:
     import psycopg
     from django.core.management import call_command
     from django.db import connection
@@ -52,8 +61,8 @@ def fill(rows: int, shares: tuple[int, int, int, int] = SHARES) -> None:
     from tests.database import postgres_url
 
     with psycopg.connect(postgres_url(), autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-        admin.execute(f"CREATE DATABASE {DATABASE}")
+        admin.execute(f"DROP DATABASE IF EXISTS {database or DATABASE}")
+        admin.execute(f"CREATE DATABASE {database or DATABASE}")
     call_command("migrate", verbosity=0, database="default")
     started = time.perf_counter()
     with connection.cursor() as cursor:

@@ -5,6 +5,8 @@ by `venturi_demo` (jobs of every outcome, failed ones included), with a live
 worker so the stats page has one to show. Playwright drives Debian's
 `/usr/bin/chromium` (never a downloaded browser). Screenshots go to
 `tests/artifacts/browser/` (ignored by git); their paths are printed (`pytest -s`).
+With `VENTURI_SCREENSHOTS=docs`, the pictures the docs show are written again too,
+to `docs/_static/screenshots/` at a fixed viewport (`docs_screenshot`).
 
 Without Chromium the tests are skipped with the reason and how to install it, except
 in CI (`CI=true`), where they fail: CI must not pass without running them.
@@ -48,6 +50,9 @@ ARTIFACTS = ROOT / "tests" / "artifacts" / "browser"
 DATABASE = "venturi_e2e" + os.environ.get("VENTURI_TEST_RUN", "")
 PASSWORD = "e2e-admin-password"
 MANAGE = [sys.executable, str(ROOT / "example_project" / "manage.py")]
+DOCS_SCREENSHOTS = ROOT / "docs" / "_static" / "screenshots"
+DOCS_VIEWPORT = {"width": 1366, "height": 768}
+"""The docs' pictures: one size for all, the laptop screen the admin's pages must fit."""
 SCREENS = {"1366x768": (1366, 768), "1920x1080": (1920, 1080)}
 """A common laptop screen and a common desktop one."""
 
@@ -185,6 +190,23 @@ def screenshot(page: Page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=path, full_page=True)
     print(f"screenshot: {path}")
+    return path
+
+
+def docs_screenshot(page: Page, name: str, selector: str | None = None) -> Path | None:
+    """With `VENTURI_SCREENSHOTS=docs`, write the docs' picture `name`: the page as the
+    viewport shows it (`DOCS_VIEWPORT`), or only the element `selector` picks."""
+    if os.environ.get("VENTURI_SCREENSHOTS") != "docs":
+        return None
+    assert page.viewport_size == DOCS_VIEWPORT, page.viewport_size
+    DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = DOCS_SCREENSHOTS / f"{name}.png"
+    page.mouse.move(0, 0)  # no hover effect in the picture
+    if selector is None:
+        page.screenshot(path=path)
+    else:
+        page.locator(selector).screenshot(path=path)
+    print(f"docs screenshot: {path}")
     return path
 
 
@@ -348,6 +370,8 @@ def test_the_custom_pages_breadcrumbs_look_like_the_admins_own(
         "cleanup": "/admin/django_venturi/job/cleanup/",
         "periodic tasks": "/admin/django_venturi/periodictask/",
         "schedule confirmation": "/admin/django_venturi/periodictask/shop.signup_report/disable/",
+        "kind page": "/admin/django_venturi/job/kinds/shop.charge_card/",
+        "retry all confirmation": "/admin/django_venturi/job/retry_all/?state__exact=failed",
     }
     for name, url in pages.items():
         page.goto(example_site + url)
@@ -370,5 +394,137 @@ def test_the_custom_pages_breadcrumbs_look_like_the_admins_own(
         "cleanup": [*app, "/admin/django_venturi/job/"],
         "periodic tasks": app,
         "schedule confirmation": [*app, "/admin/django_venturi/periodictask/"],
+        "kind page": [*app, "/admin/django_venturi/job/"],
+        "retry all confirmation": [*app, "/admin/django_venturi/job/"],
         "confirmation": [*app, "/admin/django_venturi/job/"],
     }
+
+
+HISTORY_KINDS = ("shop.send_email", "shop.charge_card", "shop.sync_to_crm", "shop.ping_webhook")
+
+
+def seed_an_hour_of_history() -> None:
+    """Roll-ups of the hour before, as busy workers would have left them (the docs'
+    pictures show charts with something in them): per minute, each demo kind's runs,
+    wait and run times, and the depth samples; the last two minutes are left to the
+    live worker, which samples the depth of the minute it takes."""
+    from django_venturi.models import RUN_COLUMNS, WAIT_COLUMNS
+
+    figures = {
+        "completed": "20 + (m * 7) % 13 + k * 5",
+        "failed": "CASE WHEN k = 2 AND m % 9 = 0 THEN 2 ELSE 0 END",
+        "retried": "CASE WHEN k = 3 THEN m % 4 ELSE 0 END",
+        "wait_03": "18 + (m * 7) % 13 + k * 5 - m % 4",
+        "wait_05": "2 + m % 4",
+        "wait_08": "CASE WHEN m % 10 = 0 THEN 5 ELSE 0 END",
+        "run_05": "18 + (m * 7) % 13 + k * 5",
+        "run_09": "CASE WHEN m % 6 = 0 THEN 4 ELSE 1 END",
+    }
+    buckets = [*WAIT_COLUMNS, *RUN_COLUMNS]
+    columns = ["completed", "failed", "retried", *buckets]
+    runs = ", ".join(figures.get(column, "0") for column in columns)
+    zeros = ", ".join("0" for _ in columns)
+    minutes = (
+        "generate_series(date_trunc('minute', now()) - interval '60 minutes', "
+        "date_trunc('minute', now()) - interval '2 minutes', interval '1 minute')"
+    )
+    names = ", ".join(columns)
+    table = "django_venturi_historyrollup"
+    kinds = "ARRAY[" + ", ".join(f"'{kind}'" for kind in HISTORY_KINDS) + "]"  # constants
+    number = "(extract(epoch FROM start)::bigint / 60) % 60"
+    with psycopg.connect(example_env()["DATABASE_URL"], autocommit=True) as connection:
+        connection.execute(
+            f"""INSERT INTO {table} (span, start, queue, kind, worker, ready, waiting, samples,
+                                     {names})
+                SELECT 'minute', start, 'default', kind, 'e2e-seed', 0, 0, 0, {runs}
+                FROM {minutes} AS start, LATERAL (SELECT {number} AS m) AS minute,
+                     unnest({kinds}) WITH ORDINALITY AS kinds(kind, k)
+                UNION ALL
+                SELECT 'minute', start, 'default', kind, '', 40 + (m * 11) % 35 + 10 * k,
+                       CASE WHEN k = 1 THEN m % 5 ELSE 0 END, 0, {zeros}
+                FROM {minutes} AS start, LATERAL (SELECT {number} AS m) AS minute,
+                     unnest({kinds}) WITH ORDINALITY AS kinds(kind, k)
+                UNION ALL
+                SELECT 'minute', start, '', '', '', 0, 0, 1, {zeros} FROM {minutes} AS start
+                ON CONFLICT DO NOTHING"""
+        )
+
+
+def enqueue_an_email() -> None:
+    """One job the live worker completes (the demo's `shop.send_email`)."""
+    manage(
+        "shell",
+        "-c",
+        "from example_project.shop.tasks import SendEmail\n"
+        "SendEmail(signup_id=0, to='e2e@example.com', subject='Hello').enqueue()\n",
+    )
+
+
+def test_the_console_history_refreshes_in_place_and_leads_to_a_kind_and_its_errors(
+    browser: Browser, example_site: str
+) -> None:
+    """The stats page's history: a job finished while the page is open shows in its figures
+    without a reload; its range switch; a kind's page from its name; the job list's error
+    type filter and "Retry all in this filter" through its confirmation."""
+    from playwright.sync_api import expect
+
+    if os.environ.get("VENTURI_SCREENSHOTS") == "docs":
+        seed_an_hour_of_history()  # charts worth a picture
+    page = logged_in_page(browser, example_site, DOCS_VIEWPORT["width"], DOCS_VIEWPORT["height"])
+    docs_screenshot(page, "job-list")
+    page.get_by_role("link", name="Queue stats").click()
+    history = page.locator("#venturi-history")
+    expect(history.locator("h2")).to_contain_text("the last 1 hour")
+    expect(history.locator("[data-chart=throughput] svg")).to_be_visible()
+    page.evaluate("() => { window.venturiNotReloaded = true; }")  # gone if the page reloads
+    completed = history.locator("[data-figure=completed]")
+    before = int(completed.inner_text())
+    enqueue_an_email()  # run by the live worker, written to the roll-ups within seconds
+    expect(completed).not_to_have_text(str(before), timeout=90_000)
+    assert int(completed.inner_text()) > before
+    assert page.evaluate("() => window.venturiNotReloaded") is True  # in place, no reload
+    docs_screenshot(page, "stats-history", "#venturi-history")
+
+    history.get_by_role("link", name="24 hours").click()
+    expect(page).to_have_url(re.compile(r"[?&]range=24h"))
+    expect(history.locator("h2")).to_contain_text("the last 24 hours")
+    expect(history.locator("a[aria-current=true]")).to_have_text("24 hours")
+    expect(history.locator("[data-chart=throughput] svg")).to_be_visible()
+
+    page.locator("#venturi-last-hour").get_by_role("link", name="shop.charge_card").click()
+    expect(page).to_have_url(re.compile(r"/admin/django_venturi/job/kinds/shop\.charge_card/"))
+    expect(page.locator("#content h1")).to_have_text("Kind shop.charge_card")
+    expect(page.locator("#venturi-history h2")).to_contain_text("History of shop.charge_card")
+    expect(page.locator(".venturi-error-groups")).to_contain_text("card declined for")
+    screenshot(page, "console-kind-page")
+    docs_screenshot(page, "kind-page")
+
+    page.goto(f"{example_site}/admin/django_venturi/job/?has_error=yes")
+    groups = page.locator(".venturi-error-groups")
+    expect(groups).to_contain_text("ConnectionError")
+    docs_screenshot(page, "job-list-error-groups")
+    page.locator("#changelist-filter").get_by_role("link", name="ConnectionError").click()
+    expect(page).to_have_url(re.compile(r"error_type=builtins\.ConnectionError"))
+    rows = page.locator("#result_list tbody tr")
+    expect(rows.first).to_contain_text("ConnectionError")
+    listed = rows.count()
+    assert rows.filter(has_text="ConnectionError").count() == listed
+    page.get_by_role("link", name="Retry all in this filter").click()
+    expect(page.get_by_role("heading", name="Retry every job in this filter now?")).to_be_visible()
+    expect(page.locator("#content")).to_contain_text("error_type")  # names the filter
+    screenshot(page, "console-retry-all")
+    page.click("input[type=submit][value^='Yes']")
+    expect(page).to_have_url(re.compile(r"/admin/django_venturi/job/\?.*error_type="))
+    job_word = "job" if listed == 1 else "jobs"
+    expect(page.locator(".messagelist")).to_contain_text(f"{listed} {job_word} will run now.")
+
+    page.goto(f"{example_site}/admin/django_venturi/job/?state__exact=failed&kind=shop.charge_card")
+    page.locator("#result_list tbody tr th a").first.click()
+    expect(page.locator(".field-last_error_text")).to_contain_text("card declined for")
+    docs_screenshot(page, "job-page")
+    page.goto(f"{example_site}/admin/django_venturi/periodictask/")
+    schedule = page.locator("tr.venturi-schedule[data-kind='shop.signup_report']")
+    expect(schedule.locator(".venturi-next-runs")).to_contain_text(re.compile(r"\d\d:\d\d"))
+    expect(schedule.get_by_role("link", name="Run now")).to_be_visible()
+    docs_screenshot(page, "periodic")
+    page.close()

@@ -40,6 +40,9 @@ JOBS = "/admin/django_venturi/job/"
 FAILED_CHARGES = f"{JOBS}?state__exact=failed&kind=shop.charge_card"
 """The demo's charges are declined for good: failed jobs nothing retries on its own."""
 STATS = f"{JOBS}stats/"
+PERIODIC = "/admin/django_venturi/periodictask/"
+SCHEDULE = "shop.signup_report"
+"""The demo's one schedule (nightly): nothing enqueues it during the test but run now."""
 
 
 def create_staff(username: str, groups: dict[str, list[str]]) -> None:
@@ -74,6 +77,16 @@ def job_row(job_id: int) -> dict[str, Any] | None:
 def pauses() -> list[tuple[str, str, str]]:
     rows = query("SELECT scope, name, paused_by FROM django_venturi_pause ORDER BY scope, name")
     return [(row["scope"], row["name"], row["paused_by"]) for row in rows]
+
+
+def schedule_state() -> tuple[list[dict[str, Any]], int]:
+    """The schedule's stored state (empty: never disabled or enabled) and how many jobs of
+    its task exist."""
+    states = query(
+        "SELECT enabled, changed_by FROM django_venturi_schedulestate WHERE kind = %s", SCHEDULE
+    )
+    [count] = query("SELECT count(*) AS n FROM django_venturi_job WHERE kind = %s", SCHEDULE)
+    return states, int(count["n"])
 
 
 def open_a_failed_charge(page: Page, site: str) -> int:
@@ -154,6 +167,19 @@ def test_an_observer_sees_jobs_and_errors_but_is_offered_no_action_and_is_refuse
     assert pauses() == []
     page.goto(f"{site}{JOBS}{job_id}/change/")
     expect(page.locator(".field-state")).to_contain_text("failed")
+
+    # Schedules: seen, not acted on, by GET or by POST.
+    page.goto(site + PERIODIC)
+    schedule = page.locator(f"tr.venturi-schedule[data-kind='{SCHEDULE}']")
+    expect(schedule).to_contain_text("enabled")
+    expect(page.locator(".venturi-schedule-actions")).to_have_count(0)
+    expect(page.get_by_role("link", name="Run now")).to_have_count(0)
+    before_schedule = schedule_state()
+    for action in ("run", "disable", "enable"):
+        url = f"{site}{PERIODIC}{SCHEDULE}/{action}/"
+        assert page.request.get(url, max_redirects=0).status == 403, url
+        assert forged_post(page, url, {}).status == 403, url
+    assert schedule_state() == before_schedule
     page.close()
 
 
@@ -163,7 +189,10 @@ def test_an_operator_pauses_a_kind_retries_its_failed_job_then_resumes_it_but_ca
 ) -> None:
     from playwright.sync_api import expect
 
-    create_staff("operator", {"Support": SUPPORT, "Pausers": ["pause_queues"]})
+    create_staff(
+        "operator",
+        {"Support": SUPPORT, "Pausers": ["pause_queues"], "Schedulers": ["manage_schedules"]},
+    )
     page = logged_in_page(browser, example_site, 1600, 900, username="operator")
     # Of the list's actions, only the one held: no cancel, no delete, no cleanup page.
     options = page.locator("select[name=action] option")
@@ -228,4 +257,26 @@ def test_an_operator_pauses_a_kind_retries_its_failed_job_then_resumes_it_but_ca
     )
     expect(page.locator(".field-state")).to_contain_text("failed")
     screenshot(page, "operator-3-run-again")
+
+    # With `manage_schedules`, the schedule runs now, through its confirmation.
+    _, jobs_before = schedule_state()
+    page.goto(site + PERIODIC)
+    page.locator(f"tr.venturi-schedule[data-kind='{SCHEDULE}']").get_by_role(
+        "link", name="Run now"
+    ).click()
+    expect(page.get_by_role("heading", name="Run this schedule's task now?")).to_be_visible()
+    page.click("input[type=submit][value='Yes, run now']")
+    message = page.locator(".messagelist")
+    enqueued_now = rf"{re.escape(SCHEDULE)}: job #\d+ enqueued to run now\."
+    expect(message).to_contain_text(re.compile(enqueued_now, re.IGNORECASE))  # the admin's capfirst
+    run_id = int(re.findall(r"job #(\d+)", message.inner_text())[0])
+    assert schedule_state()[1] == jobs_before + 1
+    [enqueued] = query("SELECT kind FROM django_venturi_job WHERE id = %s", run_id)
+    assert enqueued["kind"] == SCHEDULE
+    [logged] = query(
+        "SELECT u.username, e.change_message FROM django_admin_log e"
+        " JOIN auth_user u ON u.id = e.user_id WHERE e.object_id = %s ORDER BY e.id DESC",
+        SCHEDULE,
+    )
+    assert logged == {"username": "operator", "change_message": f"Ran now: job #{run_id}."}
     page.close()

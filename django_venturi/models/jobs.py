@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from django_venturi.payloads import stored
-from django_venturi.states import FINISHED_STATES, JournalOutcome, Priority, State
+from django_venturi.states import FINISHED_STATES, LIVE_STATES, JournalOutcome, Priority, State
 
 
 class StoredJSONField(models.JSONField):
@@ -136,6 +136,14 @@ class Job(models.Model):
                 condition=Q(state=State.RUNNING),
             ),
             models.Index(fields=["kind", "state"], name="venturi_job_kind_state_idx"),
+            # `venturi.stats()`, the stats page and the table's health count the live
+            # jobs by state, kind and queue here: their cost follows the backlog, not
+            # the millions of finished rows the index above also holds.
+            models.Index(
+                fields=["state", "kind", "queue"],
+                name="venturi_job_live_idx",
+                condition=Q(state__in=LIVE_STATES),
+            ),
             # The admin's error type filter and error groups: the jobs whose error is
             # current (failed, or ready again after a failed run), newest first per type.
             models.Index(
