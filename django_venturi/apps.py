@@ -15,7 +15,11 @@ class VenturiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_venturi import checks, migration_state  # noqa: F401 - register the checks
+        from django_venturi import (  # noqa: F401 - register the checks
+            checks,
+            database_support,
+            migration_state,
+        )
         from django_venturi.conf import venturi_settings
 
         autodiscover_modules("tasks")

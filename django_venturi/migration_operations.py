@@ -6,6 +6,11 @@ operations build and drop indexes concurrently there, and fall back to Django's
 plain operations elsewhere (SQLite has no such lock to avoid). A migration that
 uses them must set `atomic = False`: PostgreSQL refuses concurrent index builds
 inside a transaction.
+
+MariaDB and MySQL index at most 3,072 bytes of a row, and a text column only by a
+prefix: there, an index over a `TextField` covers its first TEXT_PREFIX characters
+(`AddIndexWithTextPrefixes`, and the concurrent addition). They have no partial
+indexes: Django builds such an index over the whole table, without its condition.
 """
 
 from __future__ import annotations
@@ -17,9 +22,62 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.operations import AddConstraint, AddIndex, RemoveIndex
 from django.db.migrations.operations.base import Operation
 
+TEXT_PREFIX = 191
+"""Characters of a text column that a MariaDB or MySQL index covers (764 bytes in utf8mb4)."""
+
 
 def _on_postgresql(schema_editor: BaseDatabaseSchemaEditor) -> bool:
     return bool(schema_editor.connection.vendor == "postgresql")
+
+
+def _on_mysql(schema_editor: BaseDatabaseSchemaEditor) -> bool:
+    return bool(schema_editor.connection.vendor == "mysql")
+
+
+def _indexes_text(model: type[models.Model], index: models.Index) -> bool:
+    return any(isinstance(model._meta.get_field(name), models.TextField) for name in index.fields)
+
+
+def _prefixed_index_sql(
+    model: type[models.Model], index: models.Index, schema_editor: BaseDatabaseSchemaEditor
+) -> str:
+    """`CREATE INDEX` for MariaDB and MySQL, text columns indexed by their prefix."""
+    quote = schema_editor.quote_name
+    columns = []
+    for name in index.fields:
+        field = model._meta.get_field(name)
+        column = quote(str(getattr(field, "column", name)))
+        prefix = f"({TEXT_PREFIX})" if isinstance(field, models.TextField) else ""
+        columns.append(column + prefix)
+    table = quote(model._meta.db_table)
+    return f"CREATE INDEX {quote(str(index.name))} ON {table} ({', '.join(columns)})"
+
+
+def _added_with_prefixes(
+    operation: AddIndex, app_label: str, schema_editor: BaseDatabaseSchemaEditor, to_state: Any
+) -> bool:
+    """Build the index of `operation` with text prefixes on MariaDB and MySQL when it covers
+    a text column; whether it did (if not, Django's own operation builds it)."""
+    model = to_state.apps.get_model(app_label, operation.model_name)
+    if not (_on_mysql(schema_editor) and _indexes_text(model, operation.index)):
+        return False
+    if operation.allow_migrate_model(schema_editor.connection.alias, model):
+        schema_editor.execute(_prefixed_index_sql(model, operation.index, schema_editor))
+    return True
+
+
+class AddIndexWithTextPrefixes(AddIndex):
+    """`AddIndex`; on MariaDB and MySQL, its text columns are indexed by their prefix."""
+
+    def database_forwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: Any,
+        to_state: Any,
+    ) -> None:
+        if not _added_with_prefixes(self, app_label, schema_editor, to_state):
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
 
 
 class _Concurrently(Operation):
@@ -44,6 +102,10 @@ class _Concurrently(Operation):
         if _on_postgresql(schema_editor):
             create = self.creates_forwards
             self._concurrently(app_label, schema_editor, from_state, to_state, create)
+        elif isinstance(self, AddIndex) and _added_with_prefixes(
+            self, app_label, schema_editor, to_state
+        ):
+            return
         else:
             super().database_forwards(app_label, schema_editor, from_state, to_state)
 

@@ -20,6 +20,10 @@ from django.db import connections
 
 ROOT = Path(__file__).resolve().parent.parent
 BOTH_DATABASES = ["default", "sqlite"]
+MARIADB = bool(os.environ.get("VENTURI_TEST_MARIADB_URL"))
+"""Whether this run has a MariaDB or MySQL server too (`mariadb` in tests/settings.py)."""
+ALIASES = [*BOTH_DATABASES, "mariadb"] if MARIADB else BOTH_DATABASES
+"""The job databases the `alias` fixture runs backend-neutral tests on."""
 WAGTAIL_CHECK = ROOT / "tests" / "wagtail_check"
 WAGTAIL_SETTINGS = "tests.wagtail_check.settings"
 
@@ -103,10 +107,44 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-@pytest.fixture(params=BOTH_DATABASES, ids=["postgresql", "sqlite"])
+@pytest.fixture(params=ALIASES, ids=["postgresql", "sqlite", "mariadb"][: len(ALIASES)])
 def alias(request: pytest.FixtureRequest) -> str:
-    """Run the test once against PostgreSQL and once against SQLite."""
+    """Run the test once against PostgreSQL and once against SQLite, and once against
+    MariaDB when VENTURI_TEST_MARIADB_URL is set."""
     return str(request.param)
+
+
+NOT_ON_MARIADB = {
+    "test_enqueue.py::test_enqueue_many_of_several_batches_is_all_or_nothing": "its refusing "
+    "trigger is written for PostgreSQL and SQLite",
+    "test_retry.py::test_a_failed_job_whose_key_has_a_ready_job_is_a_clash": "dedup is refused "
+    "on MariaDB (venturi.E060)",
+    "test_retry.py::test_another_integrity_error_is_raised_not_reported_as_a_clash": "dedup is "
+    "refused on MariaDB (venturi.E060)",
+}
+"""Tests of the `alias` fixture that do not run on MariaDB, and why. Besides these, its
+worker-process tests: the suite's tasks include dedup, caps and rate limits on the
+default queue, which a MariaDB worker refuses (venturi.E060); tests/test_mariadb.py runs
+workers on a queue of its own there."""
+
+
+def _runs_on_mariadb(item: pytest.Item) -> bool:
+    if f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in NOT_ON_MARIADB:
+        return False
+    return "workers" not in getattr(item, "fixturenames", ())
+
+
+def _may_use_mariadb(item: pytest.Item) -> None:
+    """A test run on `mariadb` by the `alias` fixture may use that database, beside those
+    its `django_db` mark names (`default` and `sqlite`)."""
+    mark = item.get_closest_marker("django_db")
+    if mark is None:
+        return
+    databases = mark.kwargs.get("databases") or ["default"]
+    if databases == "__all__" or "mariadb" in databases:
+        return
+    kwargs = {**mark.kwargs, "databases": [*databases, "mariadb"]}
+    item.add_marker(pytest.mark.django_db(*mark.args, **kwargs), append=False)
 
 
 DJANGO_FACING = frozenset(
@@ -152,23 +190,36 @@ and typing introspection). They carry the `django_facing` mark: CI runs the whol
 two Django and Python pairs and these modules on a third (`-m django_facing`)."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests with real worker processes run on PostgreSQL in the default suite; their SQLite
     twins are `thorough` (CI runs them: `python3 -m pytest -m thorough`). Worker processes
     cost seconds each, and the SQLite paths they take are the ones the in-process tests
-    cover on both databases. Modules in DJANGO_FACING are marked `django_facing`."""
+    cover on both databases. Modules in DJANGO_FACING are marked `django_facing`. Tests of
+    the `alias` fixture that cannot run on MariaDB yet are deselected there."""
+    left_out = []
     for item in items:
         if item.path.name in DJANGO_FACING:
             item.add_marker(pytest.mark.django_facing)
         callspec = getattr(item, "callspec", None)
         uses_workers = "workers" in getattr(item, "fixturenames", ())
-        if uses_workers and callspec is not None and callspec.params.get("alias") == "sqlite":
+        on = callspec.params.get("alias") if callspec is not None else None
+        if uses_workers and on == "sqlite":
             item.add_marker(pytest.mark.thorough)
+        if on == "mariadb" and not _runs_on_mariadb(item):
+            left_out.append(item)
+        elif on == "mariadb":
+            _may_use_mariadb(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
 
 
 def pytest_ignore_collect(collection_path: Path) -> bool | None:
     """tests/wagtail_check/ runs under its own settings only (`tox -e wagtail`): the
-    default suite neither collects it nor imports Wagtail."""
+    default suite neither collects it nor imports Wagtail. tests/test_mariadb.py needs a
+    MariaDB server: collected only when VENTURI_TEST_MARIADB_URL names one."""
+    if collection_path.name == "test_mariadb.py" and not MARIADB:
+        return True
     if collection_path == WAGTAIL_CHECK and os.environ.get("DJANGO_SETTINGS_MODULE") != (
         WAGTAIL_SETTINGS
     ):
@@ -178,7 +229,7 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
 
 def worker_env() -> dict[str, str]:
     """The environment of a worker subprocess: this run's settings and test databases."""
-    names = {alias: connections[alias].settings_dict["NAME"] for alias in BOTH_DATABASES}
+    names = {alias: connections[alias].settings_dict["NAME"] for alias in ALIASES}
     env = dict(os.environ)
     env.update(
         {

@@ -48,9 +48,13 @@ def empty_tables(alias: str) -> None:
         return
     quote = connection.ops.quote_name
     with transaction.atomic(using=alias), connection.cursor() as cursor:
+        if connection.vendor == "mysql":  # foreign keys are checked at once there
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
         if connection.vendor != "postgresql":
             for table in tables:
                 cursor.execute(f"DELETE FROM {quote(table)}")
+            if connection.vendor == "mysql":
+                cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
             return
         cursor.execute(
             " UNION ALL ".join(

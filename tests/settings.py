@@ -75,6 +75,16 @@ DATABASES = {
     },
 }
 
+# MariaDB or MySQL as a third job database, when VENTURI_TEST_MARIADB_URL names a server
+# (e.g. mysql://root@127.0.0.1:3306/venturi): the `alias` fixture then runs the
+# backend-neutral tests on it too, in a test database of this run's own.
+MARIADB_URL = os.environ.get("VENTURI_TEST_MARIADB_URL")
+if MARIADB_URL:
+    DATABASES["mariadb"] = {
+        **environ.Env.db_url_config(MARIADB_URL),
+        "TEST": {"NAME": f"test_venturi{RUN_SUFFIX}", "CHARSET": "utf8mb4"},
+    }
+
 # Worker subprocesses started by the tests connect to the test databases directly.
 for alias, name in json.loads(os.environ.get("VENTURI_TEST_DATABASE_NAMES", "{}")).items():
     DATABASES[alias]["NAME"] = name

@@ -137,3 +137,15 @@ def test_a_bare_machines_skips_are_allowed_on_the_embedded_server_only(reason: s
     bare = [allowed for allowed in skips.ALLOWED if "bare machine" in allowed.why]
     assert any(re.fullmatch(allowed.reason, reason) for allowed in bare)
     assert all(allowed.holds == on_embedded_server() for allowed in bare)
+
+
+def test_ci_runs_the_backend_neutral_tests_and_real_workers_on_mariadb() -> None:
+    """A stage with a MariaDB server picks the `alias` fixture's MariaDB runs (`-k mariadb`)
+    of modules that exist, and tests/test_mariadb.py, where its workers run."""
+    script = (ROOT / ".ci" / "run").read_text()
+    stage = script.split("== MariaDB: ")[1].split('echo "==')[0]
+    assert re.search(r"VENTURI_TEST_MARIADB_URL=\S*mysql://", stage)
+    assert "python3 -m pytest -k mariadb" in stage
+    modules = re.findall(r"tests/test_\w+\.py", stage)
+    assert "tests/test_mariadb.py" in modules and "tests/test_claim.py" in modules
+    assert all((ROOT / module).is_file() for module in modules), modules

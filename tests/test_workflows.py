@@ -447,7 +447,8 @@ def test_the_stranded_pass_resolves_like_the_verdict_and_only_once(alias: str) -
 
     assert sorted(dependencies.recover_stranded(alias)) == sorted([first.id, fails.id])
     assert dependencies.recover_stranded(alias) == []  # nothing left: a second pass is a no-op
-    dependencies.resolve(alias, [first.id, fails.id])  # a late follow-up finds nothing either
+    with transaction.atomic(using=alias):  # as a verdict's transaction calls it
+        dependencies.resolve(alias, [first.id, fails.id])  # a late follow-up finds nothing
 
     rows = {row.id: row for row in Job.objects.using(alias).filter(id__in=[second.id, anyway.id])}
     assert [(rows[j.id].state, rows[j.id].waiting_for) for j in (second, anyway)] == [

@@ -3,6 +3,8 @@
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+from django_venturi.migration_operations import AddIndexWithTextPrefixes
+
 
 class Migration(migrations.Migration):
 
@@ -39,7 +41,12 @@ class Migration(migrations.Migration):
                 ('job_id', models.BigIntegerField(help_text='The job that started.')),
             ],
             options={
-                'indexes': [models.Index(fields=['kind', 'key', 'started_at'], name='venturi_ratestart_window_idx'), models.Index(fields=['job_id'], name='venturi_ratestart_job_idx')],
+                'indexes': [models.Index(fields=['job_id'], name='venturi_ratestart_job_idx')],
             },
+        ),
+        # Apart from CreateModel: MariaDB and MySQL index the text column `key` by its prefix.
+        AddIndexWithTextPrefixes(
+            model_name='ratestart',
+            index=models.Index(fields=['kind', 'key', 'started_at'], name='venturi_ratestart_window_idx'),
         ),
     ]

@@ -1,7 +1,10 @@
-"""The claim off PostgreSQL (SQLite): the selection of `claim_statement.py`'s
-statement, made through the ORM inside an IMMEDIATE transaction. That holds the
-database's write lock from its first statement, so claims serialise and count
-each other's running jobs and rate-limited starts.
+"""The claim off PostgreSQL (SQLite, MariaDB and MySQL): the selection of
+`claim_statement.py`'s statement, made through the ORM in a transaction. On SQLite
+that transaction is IMMEDIATE: it holds the database's write lock from its first
+statement, so claims serialise and count each other's running jobs and rate-limited
+starts. On MariaDB and MySQL claims run at once: the chosen jobs are locked with
+`SKIP LOCKED` and taken only if still ready, so two claims never take one job (the
+caps and rate limits, counted without that lock, are refused there: `checks.py`).
 
 `claim.py` calls `claim_orm` and `upcoming_orm` when the database is not
 PostgreSQL; `claim_types.py` holds the request and the results.
@@ -99,7 +102,9 @@ def claim_orm(alias: str, request: ClaimRequest, clock: TierClock, token: uuid.U
                 room[kind] -= 1
             chosen.append(job_id)
         rates.record()
-        jobs = list(Job.objects.using(alias).filter(id__in=chosen).order_by("id"))
+        jobs = _lock_still_ready(alias, chosen)
+        left_behind = left_behind or len(jobs) < len(chosen)
+        chosen = [job.id for job in jobs]
         for kind in {job.kind for job in jobs}:
             Job.objects.using(alias).filter(id__in=chosen, kind=kind).update(
                 state=State.RUNNING,
@@ -121,6 +126,18 @@ def claim_orm(alias: str, request: ClaimRequest, clock: TierClock, token: uuid.U
         for job in jobs
     )
     return Claimed(claimed, left_behind=left_behind, fair_cursors=last_turns(chosen, turns))
+
+
+def _lock_still_ready(alias: str, chosen: list[int]) -> list[Job]:
+    """The chosen jobs this claim takes: on SQLite all of them (its write lock already
+    serialises claims), on MariaDB and MySQL those no other claim has locked or taken
+    since they were read (`SKIP LOCKED`, and a locking read sees the latest commit)."""
+    return list(
+        Job.objects.using(alias)
+        .filter(id__in=chosen, state=State.READY)
+        .select_for_update(skip_locked=True)
+        .order_by("id")
+    )
 
 
 def _tier_candidates(

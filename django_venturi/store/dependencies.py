@@ -50,6 +50,7 @@ from django_venturi.states import FINISHED_STATES, JournalOutcome, State
 from django_venturi.store import statements
 from django_venturi.store.clock import now_expression
 from django_venturi.store.notify import wake_workers
+from django_venturi.store.row_locks import own_rows
 
 if TYPE_CHECKING:
     from django_venturi.models import Job
@@ -178,7 +179,7 @@ def resolve(alias: str, finished: Iterable[int]) -> None:
     while frontier:
         edges = list(
             Dependency.objects.using(alias)
-            .select_for_update(of=("self",))
+            .select_for_update(of=own_rows(alias))
             .filter(
                 dependency_id__in=frontier,
                 resolved=False,

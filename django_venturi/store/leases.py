@@ -28,6 +28,7 @@ from django_venturi.store import key_locks, statements, verdicts
 from django_venturi.store.claim import ClaimedJob, RunKey
 from django_venturi.store.clock import now_expression
 from django_venturi.store.completion import write_verdicts
+from django_venturi.store.row_locks import own_rows
 from django_venturi.store.verdicts import ErrorInfo
 
 RECOVERY_BATCH_SIZE = 100
@@ -223,7 +224,7 @@ def _recover(
     with transaction.atomic(using=alias):
         rows = [
             job
-            for job in expired.select_for_update(skip_locked=True, of=("self",)).order_by(
+            for job in expired.select_for_update(skip_locked=True, of=own_rows(alias)).order_by(
                 "lease_expires_at"
             )[:RECOVERY_BATCH_SIZE]
             if not skip(job)

@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from django.db import connections
+
 from django_venturi.conf import venturi_settings
 from django_venturi.registry import registry
 from django_venturi.states import State
@@ -39,6 +41,7 @@ from django_venturi.store.scheduling import TierClock
 from django_venturi.store.verdicts import Verdict
 from django_venturi.worker.execution import Execution
 from django_venturi.worker.handlers import Handlers
+from django_venturi.worker.idle_polls import IdlePolls
 from django_venturi.worker.liveness import CLAIM_LOOP, Progress
 from django_venturi.worker.pause_watch import PauseWatch
 from django_venturi.worker.runs import Runs
@@ -98,6 +101,8 @@ class Claimer:
         self.queues = queues
         self.batch_size = batch_size
         self.poll_interval = poll_interval
+        self._idle_polls = IdlePolls(poll_interval)
+        self._notified = connections[alias].vendor == "postgresql"
         self.burst = burst
         self.kind_concurrency = kind_concurrency
         self.tasks_kind_prefix = tasks_kind_prefix
@@ -344,6 +349,8 @@ class Claimer:
         jobs = self._guarded(claim_and_dispatch, "claiming jobs")
         if jobs is not None:
             self._counted_later = self._counted_later + 1 if jobs.counted_later else 0
+        if jobs:
+            self._idle_polls.jobs_flowed()
         return jobs
 
     def _counted_later_wait(self) -> float:
@@ -405,9 +412,12 @@ class Claimer:
         self.health.guarded(
             lambda: prime_claim_session(self.alias, request), what="setting up the claim"
         )
+        # PostgreSQL's workers are woken by NOTIFY; elsewhere they poll, soon after jobs
+        # flowed and less often as the quiet goes on (`idle_polls.py`).
+        poll = self.poll_interval if self._notified else self._idle_polls.next_wait()
         if until_due is None:
-            return self.poll_interval
-        return min(self.poll_interval, max(until_due, 0.005))
+            return poll
+        return min(poll, max(until_due, 0.005))
 
     def _capacity(self) -> int:
         """Jobs held at once: a handler slot each, plus those buffered, claimed ahead.

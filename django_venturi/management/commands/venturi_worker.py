@@ -26,6 +26,7 @@ from django_venturi.conf import (
     MAX_SHUTDOWN_TIMEOUT,
     venturi_settings,
 )
+from django_venturi.database_support import served_specs, unsupported_feature_errors
 from django_venturi.management import flags
 from django_venturi.migration_state import migration_errors
 from django_venturi.registry import MAX_QUEUE_LENGTH, registry, validate_name
@@ -134,6 +135,7 @@ class Command(BaseCommand):
         if alias not in connections:
             raise CommandError(f"--database: {alias!r} is not an alias in DATABASES")
         self._refuse_sqlite_without_immediate(alias)
+        self._refuse_unsupported_features(alias, options["queues"])
         worker = Worker(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -225,6 +227,12 @@ class Command(BaseCommand):
         errors = sqlite_transaction_mode_errors(alias, database, for_worker=True)
         if errors:
             raise CommandError(f"{errors[0].msg}\nHINT: {errors[0].hint} ({errors[0].id})")
+
+    def _refuse_unsupported_features(self, alias: str, queues: list[str] | None) -> None:
+        """Exit with `venturi.E060` when a task this worker serves uses a feature `alias`
+        cannot hold (MariaDB and MySQL: `database_support.py`)."""
+        for error in unsupported_feature_errors(alias, served_specs(queues)):
+            raise CommandError(f"{error.msg}\nHINT: {error.hint} ({error.id})")
 
     def _refuse_an_old_schema(self, alias: str) -> None:
         """Exit with the check's message when venturi's migrations are behind on `alias`."""
