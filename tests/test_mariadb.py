@@ -13,11 +13,11 @@ import pytest
 
 import django_venturi as venturi
 from django_venturi.database_support import unsupported_feature_errors
-from django_venturi.models import Job, JournalEntry
+from django_venturi.models import Job, JournalEntry, WorkerProcess
 from django_venturi.registry import registry
 from tests.conftest import ROOT, Workers, wait_until, worker_env
 from tests.testapp.models import Record
-from tests.testapp.tasks import Noop
+from tests.testapp.tasks import Sleeper
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "mariadb"])
 
@@ -27,9 +27,16 @@ which a MariaDB worker serving that queue refuses."""
 
 
 def test_two_workers_drain_the_jobs_and_run_each_exactly_once(workers: Workers) -> None:
-    jobs = venturi.enqueue_many([Noop(n=n) for n in range(300)], using="mariadb", queue=QUEUE)
     for _ in range(2):
         workers.start("mariadb", "--queues", QUEUE, "--concurrency", "4")
+    # Both registered before the jobs exist: else the first to start could drain all 300
+    # before the second claims (a worker starts in about a second), and nothing contends.
+    registered = WorkerProcess.objects.using("mariadb").filter(stopped_at=None)
+    wait_until(lambda: registered.count() == 2, timeout=60, message="two workers registered")
+    # 20 ms each: one worker alone would take 1.5 s, many of the other's polls.
+    jobs = venturi.enqueue_many(
+        [Sleeper(seconds=0.02) for _ in range(300)], using="mariadb", queue=QUEUE
+    )
 
     def drained() -> bool:
         ready = Job.objects.using("mariadb").exclude(state=venturi.State.COMPLETED)
