@@ -111,14 +111,8 @@ class ErrorTypeFilter(admin.SimpleListFilter):
         return queryset.filter(TYPED_CURRENT_ERROR, error_type=value) if value else queryset
 
 
-class JournalErrorTypeFilter(admin.SimpleListFilter):
+class JournalErrorTypeFilter(ErrorTypeFilter):
     """Runs that failed with one error type (the journal's own `error_type`)."""
-
-    title = "error type"
-    parameter_name = "error_type"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return error_type_choices(self.value())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()

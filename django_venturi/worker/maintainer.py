@@ -16,8 +16,8 @@ from datetime import timedelta
 from django.db import connections
 
 from django_venturi.conf import venturi_settings
-from django_venturi.store.connections import DATABASE_ERRORS, close_broken_connections
 from django_venturi.store.maintenance import Outcome, run_reindex
+from django_venturi.worker.chores import PeriodicChore
 
 logger = logging.getLogger("django_venturi.maintenance")
 
@@ -41,37 +41,26 @@ def maintain(alias: str) -> Outcome | None:
     return outcome
 
 
-class Maintainer:
+class Maintainer(PeriodicChore):
     """A daemon thread of a worker that offers to maintain every `interval` until `stop`."""
+
+    thread_name = "venturi-maintenance"
+    first_after = FIRST_PASS_AFTER
+    logger = logger
+    failure = "maintenance failed: %s; next pass in %s"
 
     def __init__(
         self, *, alias: str, stop: threading.Event, interval: timedelta = PASS_INTERVAL
     ) -> None:
-        self.alias = alias
-        self.stop = stop
-        self.interval = interval
-        self.thread = threading.Thread(target=self._run, name="venturi-maintenance", daemon=True)
+        super().__init__(alias=alias, stop=stop, interval=interval)
 
     @classmethod
     def start_if_configured(cls, *, alias: str, stop: threading.Event) -> Maintainer | None:
         if not venturi_settings.MAINTENANCE or connections[alias].vendor != "postgresql":
             return None
-        maintainer = cls(alias=alias, stop=stop)
-        maintainer.thread.start()
-        return maintainer
+        chore = cls(alias=alias, stop=stop)
+        chore.thread.start()
+        return chore
 
-    def _run(self) -> None:
-        wait = FIRST_PASS_AFTER
-        while not self.stop.wait(wait.total_seconds()):
-            try:
-                maintain(self.alias)
-            except Exception as error:  # any error: this pass is lost, the maintainer goes on
-                logger.warning(
-                    "maintenance failed: %s; next pass in %s",
-                    error,
-                    self.interval,
-                    exc_info=not isinstance(error, DATABASE_ERRORS),
-                )
-                close_broken_connections()
-            wait = self.interval
-        connections.close_all()
+    def run_pass(self) -> object:
+        return maintain(self.alias)

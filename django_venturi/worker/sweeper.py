@@ -18,13 +18,10 @@ from datetime import timedelta
 from django.db import connections
 
 from django_venturi.conf import venturi_settings
-from django_venturi.store.connections import (
-    DATABASE_ERRORS,
-    close_broken_connections,
-    connection_params,
-)
+from django_venturi.store.connections import connection_params
 from django_venturi.store.maintenance_lock import cleanup_turn
 from django_venturi.store.retention import CleanupResult, cleanup
+from django_venturi.worker.chores import PeriodicChore
 
 logger = logging.getLogger("django_venturi.retention")
 
@@ -88,37 +85,26 @@ def _delete(alias: str, policy: dict[str, timedelta]) -> dict[str, CleanupResult
     return results
 
 
-class Sweeper:
+class Sweeper(PeriodicChore):
     """A daemon thread of a worker that sweeps every `interval` until `stop` is set."""
+
+    thread_name = "venturi-retention"
+    first_after = FIRST_SWEEP_AFTER
+    logger = logger
+    failure = "retention sweep failed: %s; next turn in %s"
 
     def __init__(
         self, *, alias: str, stop: threading.Event, interval: timedelta = SWEEP_INTERVAL
     ) -> None:
-        self.alias = alias
-        self.stop = stop
-        self.interval = interval
-        self.thread = threading.Thread(target=self._run, name="venturi-retention", daemon=True)
+        super().__init__(alias=alias, stop=stop, interval=interval)
 
     @classmethod
     def start_if_configured(cls, *, alias: str, stop: threading.Event) -> Sweeper | None:
         if not venturi_settings.RETENTION:
             return None
-        sweeper = cls(alias=alias, stop=stop)
-        sweeper.thread.start()
-        return sweeper
+        chore = cls(alias=alias, stop=stop)
+        chore.thread.start()
+        return chore
 
-    def _run(self) -> None:
-        wait = FIRST_SWEEP_AFTER
-        while not self.stop.wait(wait.total_seconds()):
-            try:
-                sweep(self.alias)
-            except Exception as error:  # any error: this turn is lost, the sweeper goes on
-                logger.warning(
-                    "retention sweep failed: %s; next turn in %s",
-                    error,
-                    self.interval,
-                    exc_info=not isinstance(error, DATABASE_ERRORS),
-                )
-                close_broken_connections()
-            wait = self.interval
-        connections.close_all()
+    def run_pass(self) -> object:
+        return sweep(self.alias)
